@@ -1,0 +1,15 @@
+# Writes build_version.h with the package version and the git commit id ("" when unknown).
+execute_process(COMMAND git -C ${SRC} rev-parse HEAD
+  OUTPUT_VARIABLE COMMIT RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+if(NOT rc EQUAL 0)
+  set(COMMIT "")
+endif()
+set(CONTENT "/* generated at build time */\n#define LMCACHE_VERSION \"${VERSION}\"\n#define LMCACHE_COMMIT_ID \"${COMMIT}\"\n")
+if(EXISTS ${OUT})
+  file(READ ${OUT} OLD)
+else()
+  set(OLD "")
+endif()
+if(NOT OLD STREQUAL CONTENT)
+  file(WRITE ${OUT} "${CONTENT}")
+endif()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build, the tests and the benchmarks need.
+# Idempotent: packages already present are skipped, so a second run is fast.
+set -euo pipefail
+
+PKGS=(
+  # toolchain
+  build-essential cmake pkg-config git clang libclang-rt-14-dev clang-format
+  # server
+  libmicrohttpd-dev libjansson-dev libzmq3-dev libssl-dev libmsgpack-dev liburing-dev
+  # master
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
+  # tests
+  libcmocka-dev python3-pytest python3-requests python3-zmq python3-msgpack
+  python3-grpcio python3-protobuf prometheus curl procps
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
