@@ -1,11 +1,95 @@
-/* `lmcache server`: parses options, starts the admin API and the engine, waits for a signal. */
+/* `lmcache server`: parses options, starts the admin API and then the engine,
+ * reports readiness to systemd, and shuts down cleanly on SIGINT/SIGTERM. */
 #include "server/server.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "base/sdnotify.h"
+#include "base/stackdump.h"
+#include "server/admin/http.h"
+#include "server/config.h"
+#include "server/engine.h"
+
+/* Loggers that exist from the start so GET /loglevel lists them. */
+static const char *const LOGGERS[] = {"lmcache",        "lmcache.server", "lmcache.http",
+                                      "lmcache.l1",     "lmcache.l2",     "lmcache.zmq",
+                                      "lmcache.periodic"};
 
 int server_main(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "lmcache server: not built yet\n");
-    return 2;
+    char err[512];
+    struct server_config cfg;
+    for (size_t i = 0; i < sizeof(LOGGERS) / sizeof(LOGGERS[0]); i++) log_get(LOGGERS[i]);
+    if (log_init_from_env() < 0) {
+        fprintf(stderr, "lmcache server: error: LMCACHE_LOG_LEVEL: invalid level '%s'\n",
+                getenv("LMCACHE_LOG_LEVEL"));
+        return 2;
+    }
+    int rc = config_parse(&cfg, argc, argv, err, sizeof(err));
+    if (rc != 0) {
+        config_free(&cfg);
+        if (rc > 0) return 0;
+        fprintf(stderr, "lmcache server: error: %s\n", err);
+        return 2;
+    }
+    if (cfg.log_level) log_set_level(log_get("lmcache"), log_level_parse(cfg.log_level));
+    struct logger *lg = log_get("lmcache.server");
+
+    /* Signals are taken by sigwait in this thread only; every thread created from
+     * here on inherits the mask. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    stackdump_init();
+
+    static struct engine engine;
+    if (engine_create(&engine, &cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lmcache server: error: %s\n", err);
+        config_free(&cfg);
+        return 1;
+    }
+    struct admin *admin = admin_start(&engine, cfg.http_host, (int)cfg.http_port, err, sizeof(err));
+    if (!admin) {
+        log_error(lg, "HTTP admin API: %s", err);
+        engine_destroy(&engine);
+        config_free(&cfg);
+        return 1;
+    }
+    log_info(lg, "LMCache HTTP API is running on http://%s:%ld (instance %s)", cfg.http_host,
+             cfg.http_port, engine.instance_id);
+
+    /* Test hook: hold the engine back so probes can observe the not-ready state. */
+    const char *delay = getenv("LMCACHE_TEST_INIT_DELAY_MS");
+    if (delay && atol(delay) > 0) {
+        struct timespec ts = {atol(delay) / 1000, (atol(delay) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (engine_start(&engine, err, sizeof(err)) < 0) {
+        log_error(lg, "engine failed to start: %s", err);
+        admin_stop(admin, 1.0);
+        engine_destroy(&engine);
+        config_free(&cfg);
+        return 1;
+    }
+    log_info(lg, "engine ready (L1 %.3g GiB, policy %s, chunk size %ld)", cfg.l1_size_gb,
+             cfg.eviction_policy, cfg.chunk_size);
+    sd_notify_send("READY=1");
+
+    int sig = 0;
+    sigwait(&set, &sig);
+    log_info(lg, "received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    sd_notify_send("STOPPING=1");
+    admin_stop(admin, 5.0);
+    engine_destroy(&engine);
+    config_free(&cfg);
+    log_info(lg, "stopped");
+    return 0;
 }

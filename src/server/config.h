@@ -1,0 +1,102 @@
+/* `lmcache server` options: one declarative table drives parsing, validation,
+ * --help, GET /config and docs/configuration.md. */
+#ifndef LMCACHE_SERVER_CONFIG_H
+#define LMCACHE_SERVER_CONFIG_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdio.h>
+
+enum opt_type {
+    OPT_STR,      /* char * */
+    OPT_INT,      /* long */
+    OPT_FLOAT,    /* double */
+    OPT_BOOL,     /* int; a flag without a value */
+    OPT_ENUM,     /* char *, one of the choices ("a|b|c") */
+    OPT_STRLIST,  /* json_t * array of strings; every value after the flag until the next --flag */
+    OPT_JSONLIST, /* json_t * array of objects; the flag may repeat, one JSON object each */
+};
+
+#define OPT_REQUIRED 1
+
+/* X(field, flag, type, group, default, min, max, choices, flags, help)
+ * default is a string (NULL = no default); min/max bound numbers (min > max = unbounded). */
+#define SERVER_OPTIONS(X)                                                                          \
+    X(host, "host", OPT_STR, "mp", "localhost", 0, -1, NULL, 0,                                    \
+      "Bind address of the ZMQ data socket")                                                       \
+    X(port, "port", OPT_INT, "mp", "5555", 1, 65535, NULL, 0, "Port of the ZMQ data socket")      \
+    X(http_host, "http-host", OPT_STR, "mp", "0.0.0.0", 0, -1, NULL, 0,                            \
+      "Host to bind the HTTP admin server")                                                        \
+    X(http_port, "http-port", OPT_INT, "mp", "8080", 1, 65535, NULL, 0,                            \
+      "Port to bind the HTTP admin server")                                                        \
+    X(chunk_size, "chunk-size", OPT_INT, "mp", "256", 1, 1048576, NULL, 0,                         \
+      "Tokens per cached chunk")                                                                   \
+    X(max_workers, "max-workers", OPT_INT, "mp", "1", 1, 256, NULL, 0,                             \
+      "Worker threads of the data plane")                                                          \
+    X(hash_algorithm, "hash-algorithm", OPT_ENUM, "mp", "sha256", 0, -1, "sha256", 0,              \
+      "Chunk hash of the token prefix chain")                                                      \
+    X(instance_id, "instance-id", OPT_STR, "mp", "", 0, -1, NULL, 0,                               \
+      "Server identity (a random UUID when empty)")                                                \
+    X(run_script_api_enabled, "run-script-api-enabled", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,   \
+      "Enable POST /run_script (remote code execution; keep off on untrusted networks)")           \
+    X(script_allowed_imports, "script-allowed-imports", OPT_STRLIST, "mp", NULL, 0, -1, NULL, 0,   \
+      "Modules a /run_script script may import")                                                   \
+    X(env_api_unredacted, "env-api-unredacted", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,           \
+      "Show secret-looking values in GET /env instead of redacting them")                          \
+    X(l1_size_gb, "l1-size-gb", OPT_FLOAT, "storage_manager", NULL, 0.001, 1048576, NULL,          \
+      OPT_REQUIRED, "Size of the L1 DRAM cache in GiB")                                            \
+    X(l1_use_hugepages, "l1-use-hugepages", OPT_BOOL, "storage_manager", "false", 0, -1, NULL, 0,  \
+      "Back L1 with 2 MiB huge pages (falls back to normal pages when none are available)")        \
+    X(eviction_policy, "eviction-policy", OPT_ENUM, "storage_manager", NULL, 0, -1,                \
+      "LRU|IsolatedLRU", OPT_REQUIRED, "L1 eviction policy")                                       \
+    X(eviction_trigger_watermark, "eviction-trigger-watermark", OPT_FLOAT, "storage_manager",      \
+      "0.8", 0.01, 1, NULL, 0, "L1 usage ratio above which the background evictor runs")           \
+    X(l1_read_ttl_seconds, "l1-read-ttl-seconds", OPT_FLOAT, "storage_manager", "300", 0.001,      \
+      31536000, NULL, 0, "Lease of an L1 read lock")                                               \
+    X(l1_write_ttl_seconds, "l1-write-ttl-seconds", OPT_FLOAT, "storage_manager", "600", 0.001,    \
+      31536000, NULL, 0, "Lease of an L1 write lock")                                              \
+    X(l2_adapter, "l2-adapter", OPT_JSONLIST, "storage_manager", NULL, 0, -1, NULL, 0,             \
+      "L2 adapter as a JSON object (repeatable), e.g. '{\"type\":\"fs\",\"base_path\":\"/d\"}'")   \
+    X(log_level, "log-level", OPT_ENUM, "observability", NULL, 0, -1,                              \
+      "DEBUG|INFO|WARNING|ERROR|CRITICAL", 0,                                                      \
+      "Level of the lmcache loggers (default: $LMCACHE_LOG_LEVEL, else INFO)")
+
+#define CFG_FIELD_OPT_STR(f) char *f;
+#define CFG_FIELD_OPT_INT(f) long f;
+#define CFG_FIELD_OPT_FLOAT(f) double f;
+#define CFG_FIELD_OPT_BOOL(f) int f;
+#define CFG_FIELD_OPT_ENUM(f) char *f;
+#define CFG_FIELD_OPT_STRLIST(f) json_t *f;
+#define CFG_FIELD_OPT_JSONLIST(f) json_t *f;
+#define CFG_FIELD(field, flag, type, group, def, min, max, choices, flags, help)                   \
+    CFG_FIELD_##type(field)
+
+struct server_config {
+    SERVER_OPTIONS(CFG_FIELD)
+};
+
+struct option_def {
+    const char *field;
+    const char *flag;
+    enum opt_type type;
+    const char *group;
+    const char *def;
+    double min, max;
+    const char *choices;
+    int flags;
+    const char *help;
+    size_t offset;
+};
+
+extern const struct option_def SERVER_OPTION_DEFS[];
+extern const size_t SERVER_NOPTIONS;
+
+/* Parses argv (argv[0] is the subcommand name). Returns 0 on success, 1 when
+ * --help was printed, -1 with a one-line message in errbuf (naming the option). */
+int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf, size_t errlen);
+void config_free(struct server_config *cfg);
+/* {"mp": {...}, "storage_manager": {...}, "observability": {...}} from the parsed values. */
+json_t *config_to_json(const struct server_config *cfg);
+void config_print_help(FILE *f);
+
+#endif
