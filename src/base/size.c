@@ -39,6 +39,7 @@ int size_parse(const char *s, uint64_t *out, char *errbuf, size_t errlen) {
     num[nlen] = 0;
     char unit[8];
     size_t ulen = 0;
+    while (isspace((unsigned char)*p)) p++;
     while (*p && !isspace((unsigned char)*p)) {
         if (ulen + 1 >= sizeof(unit)) {
             snprintf(errbuf, errlen, "invalid size unit in '%s'", s);

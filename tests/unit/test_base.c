@@ -1,0 +1,148 @@
+/* Unit tests for src/base: size strings, loggers, metrics registry and exposition, strbuf. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/metrics.h"
+#include "base/size.h"
+#include "base/strbuf.h"
+
+static void test_size_parse(void **state) {
+    (void)state;
+    char err[128];
+    uint64_t v = 0;
+    assert_int_equal(size_parse("4096", &v, err, sizeof(err)), 0);
+    assert_int_equal(v, 4096);
+    assert_int_equal(size_parse("100GiB", &v, err, sizeof(err)), 0);
+    assert_true(v == 100ULL << 30);
+    assert_int_equal(size_parse("2k", &v, err, sizeof(err)), 0);
+    assert_int_equal(v, 2048);
+    assert_int_equal(size_parse("1.5MiB", &v, err, sizeof(err)), 0);
+    assert_int_equal(v, 1572864);
+    assert_int_equal(size_parse("3 tib", &v, err, sizeof(err)), 0);
+    assert_true(v == 3ULL << 40);
+    assert_int_equal(size_parse("7b", &v, err, sizeof(err)), 0);
+    assert_int_equal(v, 7);
+    const char *bad[] = {"", "0", "-1", "GiB", "1XB", "1 GiB x", "99999999999999999999",
+                         "20000000t", "1..5g", NULL};
+    for (int i = 0; bad[i]; i++) assert_int_equal(size_parse(bad[i], &v, err, sizeof(err)), -1);
+    assert_int_equal(size_parse(NULL, &v, err, sizeof(err)), -1);
+}
+
+static void test_log_levels_and_inheritance(void **state) {
+    (void)state;
+    assert_int_equal(log_level_parse("debug"), LOG_DEBUG);
+    assert_int_equal(log_level_parse("Warning"), LOG_WARNING);
+    assert_int_equal(log_level_parse("LOUD"), -1);
+    assert_string_equal(log_level_name(LOG_ERROR), "ERROR");
+    struct logger *root = log_get("t");
+    struct logger *child = log_get("t.child");
+    assert_non_null(root);
+    assert_ptr_equal(log_get("t"), root);
+    log_set_level(root, LOG_ERROR);
+    assert_int_equal(log_effective_level(child), LOG_ERROR);
+    assert_int_equal(log_effective_level_of("t.child.grandchild"), LOG_ERROR);
+    assert_false(log_enabled(child, LOG_INFO));
+    log_set_level(child, LOG_DEBUG);
+    assert_int_equal(log_effective_level(child), LOG_DEBUG);
+    assert_int_equal(log_effective_level(root), LOG_ERROR);
+    assert_true(log_enabled(child, LOG_DEBUG));
+    log_set_level(child, LOG_NOTSET);
+    assert_int_equal(log_effective_level(child), LOG_ERROR);
+    char longname[LOG_NAME_MAX + 10];
+    memset(longname, 'a', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = 0;
+    assert_null(log_get(longname));
+    assert_null(log_get(""));
+}
+
+static void test_metrics_exposition(void **state) {
+    (void)state;
+    struct metrics *m = metrics_new();
+    const char *const labels[] = {"cache_salt", NULL};
+    struct metric_family *c = metrics_counter(m, "x_read_chunks_total", "Chunks read.", labels);
+    assert_non_null(c);
+    /* Same name, same type: the same family; another type: refused. */
+    assert_ptr_equal(metrics_counter(m, "x_read_chunks_total", "", labels), c);
+    assert_null(metrics_gauge(m, "x_read_chunks_total", "", NULL));
+    const char *a[] = {"alice"}, *q[] = {"we\"ird\\salt\n"};
+    metrics_add(c, a, 2);
+    metrics_add(c, a, 3);
+    metrics_add(c, q, 1);
+    assert_true(metric_value(metric_labels(c, a)) == 5.0);
+    struct metric_family *g = metrics_gauge(m, "x_usage_ratio", "Usage.", NULL);
+    metric_set(metric_series(g), 0.25);
+    const double b[] = {0.1, 1};
+    struct metric_family *h = metrics_histogram(m, "x_latency_seconds", "Latency.", NULL, b, 2);
+    struct metric *hs = metric_series(h);
+    metric_observe(hs, 0.05);
+    metric_observe(hs, 0.5);
+    metric_observe(hs, 7);
+    assert_int_equal(metric_hist_count(hs), 3);
+
+    struct strbuf sb = STRBUF_INIT;
+    assert_int_equal(metrics_render(m, &sb), 0);
+    assert_non_null(strstr(sb.buf, "# TYPE x_read_chunks_total counter\n"));
+    assert_non_null(strstr(sb.buf, "x_read_chunks_total{cache_salt=\"alice\"} 5.0\n"));
+    assert_non_null(strstr(sb.buf, "x_read_chunks_total{cache_salt=\"we\\\"ird\\\\salt\\n\"} 1.0\n"));
+    assert_non_null(strstr(sb.buf, "x_usage_ratio 0.25\n"));
+    assert_non_null(strstr(sb.buf, "x_latency_seconds_bucket{le=\"0.1\"} 1\n"));
+    assert_non_null(strstr(sb.buf, "x_latency_seconds_bucket{le=\"1\"} 2\n"));
+    assert_non_null(strstr(sb.buf, "x_latency_seconds_bucket{le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(sb.buf, "x_latency_seconds_sum 7.55\n"));
+    assert_non_null(strstr(sb.buf, "x_latency_seconds_count 3\n"));
+    /* Families come sorted by name. */
+    assert_true(strstr(sb.buf, "x_latency") < strstr(sb.buf, "x_read") &&
+                strstr(sb.buf, "x_read") < strstr(sb.buf, "x_usage"));
+    sb_free(&sb);
+
+    metrics_reset(m);
+    assert_true(metric_value(metric_labels(c, a)) == 0.0);
+    assert_int_equal(metric_hist_count(hs), 0);
+    metrics_free(m);
+}
+
+static double seven(void *arg) {
+    (void)arg;
+    return 7;
+}
+
+static void test_metrics_computed_gauge_survives_reset(void **state) {
+    (void)state;
+    struct metrics *m = metrics_new();
+    metrics_gauge_fn(m, "x_live_bytes", "Live.", seven, NULL);
+    metrics_reset(m);
+    struct strbuf sb = STRBUF_INIT;
+    metrics_render(m, &sb);
+    assert_non_null(strstr(sb.buf, "x_live_bytes 7.0\n"));
+    sb_free(&sb);
+    metrics_free(m);
+}
+
+static void test_strbuf(void **state) {
+    (void)state;
+    struct strbuf sb = STRBUF_INIT;
+    for (int i = 0; i < 1000; i++) sb_printf(&sb, "%d,", i);
+    assert_int_equal(strncmp(sb.buf, "0,1,2,", 6), 0);
+    size_t len;
+    char *p = sb_detach(&sb, &len);
+    assert_int_equal(len, strlen(p));
+    assert_null(sb.buf);
+    free(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_size_parse),
+        cmocka_unit_test(test_log_levels_and_inheritance),
+        cmocka_unit_test(test_metrics_exposition),
+        cmocka_unit_test(test_metrics_computed_gauge_survives_reset),
+        cmocka_unit_test(test_strbuf),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
