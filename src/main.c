@@ -52,7 +52,8 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--version") == 0) return version_main(argc - 1, argv + 1);
     for (size_t i = 0; i < NSUB; i++)
-        if (strcmp(argv[1], SUBCOMMANDS[i].name) == 0) return SUBCOMMANDS[i].main(argc - 1, argv + 1);
+        if (strcmp(argv[1], SUBCOMMANDS[i].name) == 0)
+            return SUBCOMMANDS[i].main(argc - 1, argv + 1);
     fprintf(stderr, "lmcache: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

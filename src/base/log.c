@@ -13,8 +13,8 @@
 
 struct logger {
     char name[LOG_NAME_MAX];
-    _Atomic int level;      /* own level, LOG_NOTSET = inherit */
-    _Atomic int effective;  /* cached effective level, refreshed on every set */
+    _Atomic int level;     /* own level, LOG_NOTSET = inherit */
+    _Atomic int effective; /* cached effective level, refreshed on every set */
 };
 
 static struct logger g_loggers[LOG_MAX_LOGGERS];
@@ -28,7 +28,7 @@ static const struct {
     const char *name;
     int level;
 } LEVELS[] = {
-    {"NOTSET", LOG_NOTSET}, {"DEBUG", LOG_DEBUG}, {"INFO", LOG_INFO},
+    {"NOTSET", LOG_NOTSET},   {"DEBUG", LOG_DEBUG}, {"INFO", LOG_INFO},
     {"WARNING", LOG_WARNING}, {"ERROR", LOG_ERROR}, {"CRITICAL", LOG_CRITICAL},
 };
 
@@ -146,8 +146,10 @@ int log_init_from_env(void) {
     int lvl = LOG_INFO, rc = 0;
     if (env && *env) {
         int p = log_level_parse(env);
-        if (p < 0) rc = -1;
-        else lvl = p;
+        if (p < 0)
+            rc = -1;
+        else
+            lvl = p;
     }
     log_set_level(root, lvl);
     return rc;
@@ -164,12 +166,14 @@ void log_write(const struct logger *lg, int level, const char *file, int line, c
     localtime_r(&tv.tv_sec, &tm);
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
-    int n = snprintf(buf, sizeof(buf), "[%04d-%02d-%02d %02d:%02d:%02d,%03d] LMCache %s: ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, (int)(tv.tv_usec / 1000), log_level_name(level));
+    int n = snprintf(buf, sizeof(buf),
+                     "[%04d-%02d-%02d %02d:%02d:%02d,%03d] LMCache %s: ", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     (int)(tv.tv_usec / 1000), log_level_name(level));
     va_list ap;
     va_start(ap, fmt);
-    if (n >= 0 && (size_t)n < sizeof(buf)) n += vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
+    if (n >= 0 && (size_t)n < sizeof(buf))
+        n += vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
     va_end(ap);
     if (n < 0) return;
     if ((size_t)n >= sizeof(buf)) n = (int)sizeof(buf) - 1;

@@ -16,7 +16,7 @@ enum log_level {
 };
 
 #define LOG_MAX_LOGGERS 256
-#define LOG_NAME_MAX 64
+#define LOG_NAME_MAX    64
 
 struct logger;
 
@@ -47,18 +47,18 @@ int log_init_from_env(void);
 /* Sends log lines to fd (default 2). */
 void log_set_fd(int fd);
 
-void log_write(const struct logger *lg, int level, const char *file, int line,
-               const char *func, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void log_write(const struct logger *lg, int level, const char *file, int line, const char *func,
+               const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-#define LOG_AT(lg, lvl, ...)                                                   \
-    do {                                                                       \
-        if (log_enabled((lg), (lvl)))                                          \
-            log_write((lg), (lvl), __FILE__, __LINE__, __func__, __VA_ARGS__); \
+#define LOG_AT(lg, lvl, ...)                                                                       \
+    do {                                                                                           \
+        if (log_enabled((lg), (lvl)))                                                              \
+            log_write((lg), (lvl), __FILE__, __LINE__, __func__, __VA_ARGS__);                     \
     } while (0)
-#define log_debug(lg, ...) LOG_AT(lg, LOG_DEBUG, __VA_ARGS__)
-#define log_info(lg, ...) LOG_AT(lg, LOG_INFO, __VA_ARGS__)
-#define log_warn(lg, ...) LOG_AT(lg, LOG_WARNING, __VA_ARGS__)
-#define log_error(lg, ...) LOG_AT(lg, LOG_ERROR, __VA_ARGS__)
+#define log_debug(lg, ...)    LOG_AT(lg, LOG_DEBUG, __VA_ARGS__)
+#define log_info(lg, ...)     LOG_AT(lg, LOG_INFO, __VA_ARGS__)
+#define log_warn(lg, ...)     LOG_AT(lg, LOG_WARNING, __VA_ARGS__)
+#define log_error(lg, ...)    LOG_AT(lg, LOG_ERROR, __VA_ARGS__)
 #define log_critical(lg, ...) LOG_AT(lg, LOG_CRITICAL, __VA_ARGS__)
 
 #endif

@@ -194,7 +194,8 @@ struct metric_family *metrics_gauge_fn(struct metrics *m, const char *name, cons
 static uint64_t hash_values(const char *const *values, size_t n) {
     uint64_t h = 1469598103934665603ULL;
     for (size_t i = 0; i < n; i++) {
-        for (const char *p = values[i] ? values[i] : ""; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ULL;
+        for (const char *p = values[i] ? values[i] : ""; *p; p++)
+            h = (h ^ (uint8_t)*p) * 1099511628211ULL;
         h = (h ^ 0xff) * 1099511628211ULL;
     }
     return h;
@@ -228,8 +229,10 @@ struct metric *metric_labels(struct metric_family *f, const char *const *values)
         } else {
             s->next = f->table[h % SERIES_BUCKETS];
             f->table[h % SERIES_BUCKETS] = s;
-            if (f->last) f->last->order = s;
-            else f->first = s;
+            if (f->last)
+                f->last->order = s;
+            else
+                f->first = s;
             f->last = s;
             f->nseries++;
         }
@@ -238,7 +241,9 @@ struct metric *metric_labels(struct metric_family *f, const char *const *values)
     return s;
 }
 
-struct metric *metric_series(struct metric_family *f) { return metric_labels(f, NULL); }
+struct metric *metric_series(struct metric_family *f) {
+    return metric_labels(f, NULL);
+}
 
 void metric_inc(struct metric *s, double v) {
     if (s) atomic_add_double(&s->bits, v);
@@ -278,7 +283,8 @@ void metrics_reset(struct metrics *m) {
         for (struct metric *s = f->first; s; s = s->order) {
             atomic_store(&s->bits, d2bits(0));
             atomic_store(&s->count, 0);
-            for (size_t i = 0; s->bucket_ct && i <= f->nbuckets; i++) atomic_store(&s->bucket_ct[i], 0);
+            for (size_t i = 0; s->bucket_ct && i <= f->nbuckets; i++)
+                atomic_store(&s->bucket_ct[i], 0);
         }
         pthread_mutex_unlock(&f->lock);
     }
@@ -288,18 +294,26 @@ void metrics_reset(struct metrics *m) {
 /* ---- exposition ---- */
 
 static void put_double(struct strbuf *out, double v) {
-    if (isnan(v)) sb_puts(out, "NaN");
-    else if (isinf(v)) sb_puts(out, v > 0 ? "+Inf" : "-Inf");
-    else if (v == floor(v) && fabs(v) < 1e15) sb_printf(out, "%.1f", v);
-    else sb_printf(out, "%.15g", v);
+    if (isnan(v))
+        sb_puts(out, "NaN");
+    else if (isinf(v))
+        sb_puts(out, v > 0 ? "+Inf" : "-Inf");
+    else if (v == floor(v) && fabs(v) < 1e15)
+        sb_printf(out, "%.1f", v);
+    else
+        sb_printf(out, "%.15g", v);
 }
 
 static void put_escaped(struct strbuf *out, const char *s, int quote) {
     for (; *s; s++) {
-        if (*s == '\\') sb_puts(out, "\\\\");
-        else if (*s == '\n') sb_puts(out, "\\n");
-        else if (quote && *s == '"') sb_puts(out, "\\\"");
-        else sb_append(out, s, 1);
+        if (*s == '\\')
+            sb_puts(out, "\\\\");
+        else if (*s == '\n')
+            sb_puts(out, "\\n");
+        else if (quote && *s == '"')
+            sb_puts(out, "\\\"");
+        else
+            sb_append(out, s, 1);
     }
 }
 
@@ -346,8 +360,10 @@ static void render_family(struct strbuf *out, struct metric_family *f) {
         char le[48];
         for (size_t i = 0; i <= f->nbuckets; i++) {
             cum += atomic_load_explicit(&s->bucket_ct[i], memory_order_relaxed);
-            if (i < f->nbuckets) snprintf(le, sizeof(le), "%.15g", f->buckets[i]);
-            else snprintf(le, sizeof(le), "+Inf");
+            if (i < f->nbuckets)
+                snprintf(le, sizeof(le), "%.15g", f->buckets[i]);
+            else
+                snprintf(le, sizeof(le), "+Inf");
             put_series_name(out, f->name, "_bucket", f, s, "le", le);
             sb_printf(out, " %llu\n", (unsigned long long)cum);
         }
@@ -363,7 +379,8 @@ static void render_family(struct strbuf *out, struct metric_family *f) {
 }
 
 static int cmp_family(const void *a, const void *b) {
-    return strcmp((*(struct metric_family *const *)a)->name, (*(struct metric_family *const *)b)->name);
+    return strcmp((*(struct metric_family *const *)a)->name,
+                  (*(struct metric_family *const *)b)->name);
 }
 
 int metrics_render(struct metrics *m, struct strbuf *out) {
@@ -487,11 +504,15 @@ void metrics_register_process(struct metrics *m) {
         g_start_time = boot_time() + ps.starttime_ticks / (double)sysconf(_SC_CLK_TCK);
     add_computed(m, "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
                  METRIC_COUNTER, proc_cpu, NULL);
-    metrics_gauge_fn(m, "process_resident_memory_bytes", "Resident memory size in bytes.", proc_rss, NULL);
-    metrics_gauge_fn(m, "process_virtual_memory_bytes", "Virtual memory size in bytes.", proc_vsize, NULL);
+    metrics_gauge_fn(m, "process_resident_memory_bytes", "Resident memory size in bytes.", proc_rss,
+                     NULL);
+    metrics_gauge_fn(m, "process_virtual_memory_bytes", "Virtual memory size in bytes.", proc_vsize,
+                     NULL);
     metrics_gauge_fn(m, "process_open_fds", "Number of open file descriptors.", proc_fds, NULL);
-    metrics_gauge_fn(m, "process_max_fds", "Maximum number of open file descriptors.", proc_max_fds, NULL);
-    metrics_gauge_fn(m, "process_threads", "Number of OS threads in the process.", proc_threads, NULL);
+    metrics_gauge_fn(m, "process_max_fds", "Maximum number of open file descriptors.", proc_max_fds,
+                     NULL);
+    metrics_gauge_fn(m, "process_threads", "Number of OS threads in the process.", proc_threads,
+                     NULL);
     metrics_gauge_fn(m, "process_start_time_seconds",
                      "Start time of the process since unix epoch in seconds.", proc_start, NULL);
 }

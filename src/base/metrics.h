@@ -9,7 +9,7 @@
 
 enum metric_type { METRIC_COUNTER, METRIC_GAUGE, METRIC_HISTOGRAM };
 
-#define METRIC_MAX_LABELS 4
+#define METRIC_MAX_LABELS  4
 #define METRIC_MAX_BUCKETS 24
 
 struct metrics;       /* a registry */
@@ -45,8 +45,8 @@ struct metric *metric_labels(struct metric_family *f, const char *const *values)
 /* The unlabelled series of a family without labels. */
 struct metric *metric_series(struct metric_family *f);
 
-void metric_inc(struct metric *s, double v); /* counters and gauges */
-void metric_set(struct metric *s, double v); /* gauges */
+void metric_inc(struct metric *s, double v);     /* counters and gauges */
+void metric_set(struct metric *s, double v);     /* gauges */
 void metric_observe(struct metric *s, double v); /* histograms */
 double metric_value(const struct metric *s);
 uint64_t metric_hist_count(const struct metric *s);

@@ -145,8 +145,10 @@ int periodic_start(struct periodic_registry *r, const char *name, enum periodic_
         return -1;
     }
     j->started = 1;
-    if (r->last) r->last->next = j;
-    else r->jobs = j;
+    if (r->last)
+        r->last->next = j;
+    else
+        r->jobs = j;
     r->last = j;
     pthread_mutex_unlock(&r->lock);
     return 0;
@@ -193,12 +195,12 @@ static int do_is_active(const struct job *j, double now) {
 }
 
 static json_t *do_status(const struct job *j, double now) {
-    double rate = j->total_runs ? 100.0 * (double)(j->total_runs - j->failed_runs) /
-                                      (double)j->total_runs
-                                : 100.0;
-    json_t *o = json_pack("{s:s, s:s, s:f, s:b, s:b, s:f, s:I, s:I, s:f}", "name", j->name,
-                          "level", LEVEL_NAMES[j->level], "interval", j->interval, "is_running",
-                          j->running, "is_active", do_is_active(j, now), "last_run_ago",
+    double rate = j->total_runs
+                      ? 100.0 * (double)(j->total_runs - j->failed_runs) / (double)j->total_runs
+                      : 100.0;
+    json_t *o = json_pack("{s:s, s:s, s:f, s:b, s:b, s:f, s:I, s:I, s:f}", "name", j->name, "level",
+                          LEVEL_NAMES[j->level], "interval", j->interval, "is_running", j->running,
+                          "is_active", do_is_active(j, now), "last_run_ago",
                           do_last_run_ago(j, now), "total_runs", (json_int_t)j->total_runs,
                           "failed_runs", (json_int_t)j->failed_runs, "success_rate", rate);
     if (o)
@@ -207,8 +209,8 @@ static json_t *do_status(const struct job *j, double now) {
     return o;
 }
 
-json_t *periodic_snapshot(struct periodic_registry *r, int level, int running_only,
-                          int active_only, double now) {
+json_t *periodic_snapshot(struct periodic_registry *r, int level, int running_only, int active_only,
+                          double now) {
     json_t *threads = json_array();
     json_t *by_level = json_object();
     int tot = 0, run = 0, act = 0;
@@ -229,9 +231,9 @@ json_t *periodic_snapshot(struct periodic_registry *r, int level, int running_on
     }
     pthread_mutex_unlock(&r->lock);
     for (int i = 0; i < PERIODIC_NLEVELS; i++)
-        json_object_set_new(by_level, LEVEL_NAMES[i],
-                            json_pack("{s:i, s:i, s:i}", "total", lt[i], "running", lr[i],
-                                      "active", la[i]));
+        json_object_set_new(
+            by_level, LEVEL_NAMES[i],
+            json_pack("{s:i, s:i, s:i}", "total", lt[i], "running", lr[i], "active", la[i]));
     return json_pack("{s:{s:i, s:i, s:i, s:o}, s:o}", "summary", "total_count", tot,
                      "running_count", run, "active_count", act, "by_level", by_level, "threads",
                      threads);

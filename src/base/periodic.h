@@ -39,8 +39,8 @@ const char *periodic_level_name(int level);
 /* A job is active when its last completed tick (or its start, before the first
  * one completes) is at most 2 * interval + 1 s old at `now` (monotonic seconds). */
 /* GET /periodic-threads: level < 0 means all. */
-json_t *periodic_snapshot(struct periodic_registry *r, int level, int running_only,
-                          int active_only, double now);
+json_t *periodic_snapshot(struct periodic_registry *r, int level, int running_only, int active_only,
+                          double now);
 /* One job's status object, or NULL when no job has that name. */
 json_t *periodic_status(struct periodic_registry *r, const char *name, double now);
 /* GET /periodic-threads-health: critical and high jobs that are running but not active. */

@@ -13,8 +13,8 @@ static const struct {
     const char *suffix;
     int shift;
 } UNITS[] = {
-    {"", 0},    {"b", 0},    {"k", 10},   {"kib", 10}, {"m", 20},   {"mib", 20},
-    {"g", 30},  {"gib", 30}, {"t", 40},   {"tib", 40},
+    {"", 0},     {"b", 0},  {"k", 10},   {"kib", 10}, {"m", 20},
+    {"mib", 20}, {"g", 30}, {"gib", 30}, {"t", 40},   {"tib", 40},
 };
 
 int size_parse(const char *s, uint64_t *out, char *errbuf, size_t errlen) {

@@ -21,7 +21,7 @@
 
 #include "base/strbuf.h"
 
-#define MAX_FRAMES 64
+#define MAX_FRAMES    64
 #define SAMPLE_SIGNAL (SIGRTMIN + 3)
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;

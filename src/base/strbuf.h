@@ -12,7 +12,8 @@ struct strbuf {
     int oom; /* set once an allocation failed; further appends are dropped */
 };
 
-#define STRBUF_INIT {NULL, 0, 0, 0}
+#define STRBUF_INIT                                                                                \
+    { NULL, 0, 0, 0 }
 
 int sb_append(struct strbuf *sb, const char *data, size_t len);
 int sb_puts(struct strbuf *sb, const char *s);

@@ -8,7 +8,16 @@
 #include <string.h>
 
 #define DEF_ROW(field, flag, type, group, def, min, max, choices, flags, help)                     \
-    {#field, flag, type, group, def, min, max, choices, flags, help,                               \
+    {#field,                                                                                       \
+     flag,                                                                                         \
+     type,                                                                                         \
+     group,                                                                                        \
+     def,                                                                                          \
+     min,                                                                                          \
+     max,                                                                                          \
+     choices,                                                                                      \
+     flags,                                                                                        \
+     help,                                                                                         \
      offsetof(struct server_config, field)},
 const struct option_def SERVER_OPTION_DEFS[] = {SERVER_OPTIONS(DEF_ROW)};
 const size_t SERVER_NOPTIONS = sizeof(SERVER_OPTION_DEFS) / sizeof(SERVER_OPTION_DEFS[0]);
@@ -61,8 +70,8 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
             return -1;
         }
         if (d->min <= d->max && (n < d->min || n > d->max)) {
-            snprintf(errbuf, errlen, "argument --%s: %ld is out of range [%.0f, %.0f]", d->flag,
-                     n, d->min, d->max);
+            snprintf(errbuf, errlen, "argument --%s: %ld is out of range [%.0f, %.0f]", d->flag, n,
+                     d->min, d->max);
             return -1;
         }
         *(long *)p = n;
@@ -84,8 +93,10 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         return 0;
     }
     case OPT_BOOL:
-        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) *(int *)p = 1;
-        else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) *(int *)p = 0;
+        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0)
+            *(int *)p = 1;
+        else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)
+            *(int *)p = 0;
         else {
             snprintf(errbuf, errlen, "argument --%s: invalid bool value: '%s'", d->flag, v);
             return -1;
@@ -126,7 +137,8 @@ static int validate_l2(const json_t *list, char *errbuf, size_t errlen) {
     json_array_foreach(list, i, a) {
         const char *t = json_string_value(json_object_get(a, "type"));
         int ok = 0;
-        for (size_t k = 0; t && k < sizeof(TYPES) / sizeof(TYPES[0]); k++) ok |= !strcmp(t, TYPES[k]);
+        for (size_t k = 0; t && k < sizeof(TYPES) / sizeof(TYPES[0]); k++)
+            ok |= !strcmp(t, TYPES[k]);
         if (!ok) {
             snprintf(errbuf, errlen,
                      "argument --l2-adapter: adapter %zu: \"type\" must be one of fs, s3, dax", i);
@@ -147,6 +159,10 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf,
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             config_print_help(stdout);
+            return 1;
+        }
+        if (strcmp(a, "--help-markdown") == 0) {
+            config_print_markdown(stdout);
             return 1;
         }
         if (strncmp(a, "--", 2) != 0) {
@@ -210,8 +226,10 @@ void config_free(struct server_config *cfg) {
     for (size_t i = 0; i < SERVER_NOPTIONS; i++) {
         const struct option_def *d = &SERVER_OPTION_DEFS[i];
         void *p = slot(cfg, d);
-        if (d->type == OPT_STR || d->type == OPT_ENUM) free(*(char **)p);
-        else if (d->type == OPT_STRLIST || d->type == OPT_JSONLIST) json_decref(*(json_t **)p);
+        if (d->type == OPT_STR || d->type == OPT_ENUM)
+            free(*(char **)p);
+        else if (d->type == OPT_STRLIST || d->type == OPT_JSONLIST)
+            json_decref(*(json_t **)p);
     }
     memset(cfg, 0, sizeof(*cfg));
 }
@@ -261,8 +279,37 @@ void config_print_help(FILE *f) {
         snprintf(lhs, sizeof(lhs), "--%s %s", d->flag, d->type == OPT_ENUM ? "" : META[d->type]);
         fprintf(f, "  %-36s %s", lhs, d->help);
         if (d->choices) fprintf(f, " {%s}", d->choices);
-        if (d->flags & OPT_REQUIRED) fprintf(f, " (required)");
-        else if (d->def && d->type != OPT_BOOL) fprintf(f, " (default: %s)", d->def);
+        if (d->flags & OPT_REQUIRED)
+            fprintf(f, " (required)");
+        else if (d->def && d->type != OPT_BOOL)
+            fprintf(f, " (default: %s)", d->def);
         fprintf(f, "\n");
+    }
+}
+
+void config_print_markdown(FILE *f) {
+    static const char *TYPES[] = {"string", "int", "float", "flag", "choice", "list", "JSON"};
+    fprintf(f, "| option | type | default | group in `GET /config` | description |\n");
+    fprintf(f, "|---|---|---|---|---|\n");
+    for (size_t i = 0; i < SERVER_NOPTIONS; i++) {
+        const struct option_def *d = &SERVER_OPTION_DEFS[i];
+        fprintf(f, "| `--%s` | %s", d->flag, TYPES[d->type]);
+        if (d->choices) {
+            fputs(" (`", f);
+            for (const char *c = d->choices; *c; c++)
+                fputs(*c == '|' ? "`, `" : (char[]){*c, 0}, f);
+            fputs("`)", f);
+        } else if (d->min <= d->max) {
+            fprintf(f, " [%.10g, %.10g]", d->min, d->max);
+        }
+        if (d->flags & OPT_REQUIRED)
+            fprintf(f, " | required");
+        else if (d->def)
+            fprintf(f, " | `%s`", *d->def ? d->def : "\"\"");
+        else
+            fprintf(f, " | none");
+        fprintf(f, " | `%s.%s` | ", d->group, d->type == OPT_JSONLIST ? "l2_adapters" : d->field);
+        for (const char *h = d->help; *h; h++) fputs(*h == '|' ? "\\|" : (char[]){*h, 0}, f);
+        fprintf(f, " |\n");
     }
 }

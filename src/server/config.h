@@ -24,7 +24,7 @@ enum opt_type {
 #define SERVER_OPTIONS(X)                                                                          \
     X(host, "host", OPT_STR, "mp", "localhost", 0, -1, NULL, 0,                                    \
       "Bind address of the ZMQ data socket")                                                       \
-    X(port, "port", OPT_INT, "mp", "5555", 1, 65535, NULL, 0, "Port of the ZMQ data socket")      \
+    X(port, "port", OPT_INT, "mp", "5555", 1, 65535, NULL, 0, "Port of the ZMQ data socket")       \
     X(http_host, "http-host", OPT_STR, "mp", "0.0.0.0", 0, -1, NULL, 0,                            \
       "Host to bind the HTTP admin server")                                                        \
     X(http_port, "http-port", OPT_INT, "mp", "8080", 1, 65535, NULL, 0,                            \
@@ -61,12 +61,12 @@ enum opt_type {
       "DEBUG|INFO|WARNING|ERROR|CRITICAL", 0,                                                      \
       "Level of the lmcache loggers (default: $LMCACHE_LOG_LEVEL, else INFO)")
 
-#define CFG_FIELD_OPT_STR(f) char *f;
-#define CFG_FIELD_OPT_INT(f) long f;
-#define CFG_FIELD_OPT_FLOAT(f) double f;
-#define CFG_FIELD_OPT_BOOL(f) int f;
-#define CFG_FIELD_OPT_ENUM(f) char *f;
-#define CFG_FIELD_OPT_STRLIST(f) json_t *f;
+#define CFG_FIELD_OPT_STR(f)      char *f;
+#define CFG_FIELD_OPT_INT(f)      long f;
+#define CFG_FIELD_OPT_FLOAT(f)    double f;
+#define CFG_FIELD_OPT_BOOL(f)     int f;
+#define CFG_FIELD_OPT_ENUM(f)     char *f;
+#define CFG_FIELD_OPT_STRLIST(f)  json_t *f;
 #define CFG_FIELD_OPT_JSONLIST(f) json_t *f;
 #define CFG_FIELD(field, flag, type, group, def, min, max, choices, flags, help)                   \
     CFG_FIELD_##type(field)
@@ -98,5 +98,7 @@ void config_free(struct server_config *cfg);
 /* {"mp": {...}, "storage_manager": {...}, "observability": {...}} from the parsed values. */
 json_t *config_to_json(const struct server_config *cfg);
 void config_print_help(FILE *f);
+/* The option table as a Markdown table (docs/configuration.md embeds it). */
+void config_print_markdown(FILE *f);
 
 #endif

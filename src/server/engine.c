@@ -25,10 +25,9 @@ static void random_uuid(char *out, size_t len) {
     }
     b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
     b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-    snprintf(out, len,
-             "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-             b[15]);
+    snprintf(out, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
 }
 
 static double uptime(void *arg) {
@@ -54,11 +53,11 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *errbu
     metrics_register_process(e->metrics);
     static const char *const INFO_LABELS[] = {"version", "commit", "instance_id", NULL};
     const char *info[] = {version_lmc(), version_commit(), e->instance_id};
-    metric_set(metric_labels(metrics_gauge(e->metrics, "lmcache_build_info",
-                                           "Build and identity of this server (always 1).",
-                                           INFO_LABELS),
-                             info),
-               1);
+    metric_set(
+        metric_labels(metrics_gauge(e->metrics, "lmcache_build_info",
+                                    "Build and identity of this server (always 1).", INFO_LABELS),
+                      info),
+        1);
     metrics_gauge_fn(e->metrics, "lmcache_uptime_seconds", "Seconds since the server started.",
                      uptime, e);
     return 0;

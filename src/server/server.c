@@ -17,8 +17,8 @@
 #include "server/engine.h"
 
 /* Loggers that exist from the start so GET /loglevel lists them. */
-static const char *const LOGGERS[] = {"lmcache",        "lmcache.server", "lmcache.http",
-                                      "lmcache.l1",     "lmcache.l2",     "lmcache.zmq",
+static const char *const LOGGERS[] = {"lmcache",         "lmcache.server", "lmcache.http",
+                                      "lmcache.l1",      "lmcache.l2",     "lmcache.zmq",
                                       "lmcache.periodic"};
 
 int server_main(int argc, char **argv) {

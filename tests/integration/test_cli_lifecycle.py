@@ -97,3 +97,13 @@ def test_sd_notify_ready(tmp_path):
         finally:
             assert s.stop() == 0
         assert "STOPPING=1" in sock.recv(4096).decode()
+
+
+def test_configuration_doc_matches_option_table():
+    from conftest import ROOT
+    gen = subprocess.run([BIN, "server", "--help-markdown"], capture_output=True, text=True,
+                         timeout=20).stdout
+    doc = open(os.path.join(ROOT, "docs", "configuration.md")).read()
+    start = doc.index("\n", doc.index("<!-- BEGIN OPTIONS")) + 1
+    end = doc.index("<!-- END OPTIONS")
+    assert doc[start:end] == gen, "regenerate the table with lmcache server --help-markdown"

@@ -28,8 +28,8 @@ static void test_size_parse(void **state) {
     assert_true(v == 3ULL << 40);
     assert_int_equal(size_parse("7b", &v, err, sizeof(err)), 0);
     assert_int_equal(v, 7);
-    const char *bad[] = {"", "0", "-1", "GiB", "1XB", "1 GiB x", "99999999999999999999",
-                         "20000000t", "1..5g", NULL};
+    const char *bad[] = {
+        "", "0", "-1", "GiB", "1XB", "1 GiB x", "99999999999999999999", "20000000t", "1..5g", NULL};
     for (int i = 0; bad[i]; i++) assert_int_equal(size_parse(bad[i], &v, err, sizeof(err)), -1);
     assert_int_equal(size_parse(NULL, &v, err, sizeof(err)), -1);
 }
@@ -89,7 +89,8 @@ static void test_metrics_exposition(void **state) {
     assert_int_equal(metrics_render(m, &sb), 0);
     assert_non_null(strstr(sb.buf, "# TYPE x_read_chunks_total counter\n"));
     assert_non_null(strstr(sb.buf, "x_read_chunks_total{cache_salt=\"alice\"} 5.0\n"));
-    assert_non_null(strstr(sb.buf, "x_read_chunks_total{cache_salt=\"we\\\"ird\\\\salt\\n\"} 1.0\n"));
+    assert_non_null(
+        strstr(sb.buf, "x_read_chunks_total{cache_salt=\"we\\\"ird\\\\salt\\n\"} 1.0\n"));
     assert_non_null(strstr(sb.buf, "x_usage_ratio 0.25\n"));
     assert_non_null(strstr(sb.buf, "x_latency_seconds_bucket{le=\"0.1\"} 1\n"));
     assert_non_null(strstr(sb.buf, "x_latency_seconds_bucket{le=\"1\"} 2\n"));

@@ -41,9 +41,8 @@ static void test_defaults_and_values(void **state) {
     assert_int_equal(json_array_size(c.l2_adapter), 2);
     json_t *j = config_to_json(&c);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "mp"), "port")), 6000);
-    assert_int_equal(json_array_size(json_object_get(json_object_get(j, "storage_manager"),
-                                                     "l2_adapters")),
-                     2);
+    assert_int_equal(
+        json_array_size(json_object_get(json_object_get(j, "storage_manager"), "l2_adapters")), 2);
     json_decref(j);
     config_free(&c);
 }
@@ -60,9 +59,8 @@ static void test_errors_name_the_option(void **state) {
                      -1);
     assert_non_null(strstr(err, "--max-workers"));
     config_free(&c);
-    assert_int_equal(parse(&c, err, sizeof(err), "--l1-size-gb", "1e400", "--eviction-policy",
-                           "LRU", NULL),
-                     -1);
+    assert_int_equal(
+        parse(&c, err, sizeof(err), "--l1-size-gb", "1e400", "--eviction-policy", "LRU", NULL), -1);
     assert_non_null(strstr(err, "--l1-size-gb"));
     config_free(&c);
     assert_int_equal(parse(&c, err, sizeof(err), "positional", NULL), -1);
@@ -75,8 +73,8 @@ static void test_route_matching(void **state) {
     char params[HTTP_MAX_PARAMS][256], allow[64];
     size_t np;
     int pm;
-    const struct http_route *r = http_match("GET", "/periodic-threads/foo", params, &np, &pm,
-                                            allow, sizeof(allow));
+    const struct http_route *r =
+        http_match("GET", "/periodic-threads/foo", params, &np, &pm, allow, sizeof(allow));
     assert_non_null(r);
     assert_string_equal(r->pattern, "/periodic-threads/{thread_name}");
     assert_int_equal(np, 1);

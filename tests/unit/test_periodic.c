@@ -37,7 +37,8 @@ static void test_registry_snapshot_and_filters(void **state) {
     sem_init(&a.ticked, 0, 0);
     sem_init(&b.ticked, 0, 0);
     b.fail = 1;
-    assert_int_equal(periodic_start(r, "job-a", PERIODIC_CRITICAL, 0.01, tick, &a, err, sizeof(err)), 0);
+    assert_int_equal(
+        periodic_start(r, "job-a", PERIODIC_CRITICAL, 0.01, tick, &a, err, sizeof(err)), 0);
     assert_int_equal(periodic_start(r, "job-b", PERIODIC_LOW, 0.01, tick, &b, err, sizeof(err)), 0);
     assert_int_equal(periodic_start(r, "job-a", PERIODIC_LOW, 1, tick, &a, err, sizeof(err)), -1);
     assert_int_equal(periodic_start(r, "bad", PERIODIC_LOW, 0, tick, &a, err, sizeof(err)), -1);
@@ -47,7 +48,8 @@ static void test_registry_snapshot_and_filters(void **state) {
     }
     double now = clock_mono();
     json_t *snap = periodic_snapshot(r, -1, 0, 0, now);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(snap, "summary"), "total_count")), 2);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(snap, "summary"), "total_count")), 2);
     json_decref(snap);
     snap = periodic_snapshot(r, PERIODIC_LOW, 0, 0, now);
     json_t *threads = json_object_get(snap, "threads");
@@ -60,7 +62,8 @@ static void test_registry_snapshot_and_filters(void **state) {
     json_t *one = periodic_status(r, "job-a", now);
     assert_non_null(one);
     assert_true(json_is_true(json_object_get(one, "is_active")));
-    assert_true(json_integer_value(json_object_get(json_object_get(one, "last_summary"), "runs")) >= 2);
+    assert_true(json_integer_value(json_object_get(json_object_get(one, "last_summary"), "runs")) >=
+                2);
     json_decref(one);
     assert_null(periodic_status(r, "nope", now));
     assert_int_equal(periodic_level_parse("high"), PERIODIC_HIGH);
@@ -76,7 +79,8 @@ static void test_stalled_critical_job_is_unhealthy(void **state) {
     sem_init(&c.ticked, 0, 0);
     sem_init(&c.release, 0, 0);
     c.stall_after = 2;
-    assert_int_equal(periodic_start(r, "flusher", PERIODIC_HIGH, 0.5, tick, &c, err, sizeof(err)), 0);
+    assert_int_equal(periodic_start(r, "flusher", PERIODIC_HIGH, 0.5, tick, &c, err, sizeof(err)),
+                     0);
     sem_wait(&c.ticked);
     sem_wait(&c.ticked); /* now stalled inside its second tick */
     json_t *h = periodic_health(r, clock_mono());

@@ -79,11 +79,13 @@ static void h_periodic_health(struct http_req *req, struct http_resp *resp) {
 
 /* Names that usually carry credentials. */
 static int looks_secret(const char *name, size_t len) {
-    static const char *const WORDS[] = {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL",
-                                        "PRIVATE", "API_KEY", "ACCESS_KEY", "AUTH", "SESSION_KEY"};
+    static const char *const WORDS[] = {"SECRET",     "TOKEN",      "PASSWORD", "PASSWD",
+                                        "CREDENTIAL", "PRIVATE",    "API_KEY",  "ACCESS_KEY",
+                                        "AUTH",       "SESSION_KEY"};
     char up[256];
     if (len >= sizeof(up)) len = sizeof(up) - 1;
-    for (size_t i = 0; i < len; i++) up[i] = (char)(name[i] >= 'a' && name[i] <= 'z' ? name[i] - 32 : name[i]);
+    for (size_t i = 0; i < len; i++)
+        up[i] = (char)(name[i] >= 'a' && name[i] <= 'z' ? name[i] - 32 : name[i]);
     up[len] = 0;
     for (size_t i = 0; i < sizeof(WORDS) / sizeof(WORDS[0]); i++)
         if (strstr(up, WORDS[i])) return 1;

@@ -172,9 +172,9 @@ const struct http_route *http_match(const char *method, const char *path, char p
 /* ---- MHD glue ---- */
 
 static enum MHD_Result queue(struct MHD_Connection *c, struct http_resp *resp) {
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(resp->len, resp->body ? resp->body : (void *)"",
-                                        resp->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        resp->len, resp->body ? resp->body : (void *)"",
+        resp->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!r) {
         free(resp->body);
         return MHD_NO;
@@ -189,9 +189,8 @@ static enum MHD_Result queue(struct MHD_Connection *c, struct http_resp *resp) {
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls) {
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls) {
     (void)version;
     struct admin *a = cls;
     struct conn_ctx *ctx = *con_cls;
@@ -248,8 +247,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             req.nparams = np;
             req.body = ctx->body.buf ? ctx->body.buf : "";
             req.body_len = ctx->body.len;
-            req.content_type = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                           MHD_HTTP_HEADER_CONTENT_TYPE);
+            req.content_type =
+                MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
             req.engine = a->e;
             resp.status = 200;
             route->handler(&req, &resp);
@@ -321,13 +320,10 @@ struct admin *admin_start(struct engine *e, const char *host, int port, char *er
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (res->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     a->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, a,
-                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, a,
-                            MHD_OPTION_SOCK_ADDR, res->ai_addr,
-                            MHD_OPTION_THREAD_POOL_SIZE, 2u,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-                            MHD_OPTION_CONNECTION_LIMIT, 1024u,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
-                            MHD_OPTION_END);
+                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, a, MHD_OPTION_SOCK_ADDR,
+                            res->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, 2u,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_CONNECTION_LIMIT, 1024u,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, a, MHD_OPTION_END);
     freeaddrinfo(res);
     if (!a->d) {
         snprintf(errbuf, errlen, "cannot listen on %s:%d (address in use or not available)", host,

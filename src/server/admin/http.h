@@ -10,7 +10,7 @@ struct engine;
 struct MHD_Connection;
 
 #define HTTP_MAX_PARAMS 4
-#define HTTP_MAX_BODY (16u << 20)
+#define HTTP_MAX_BODY   (16u << 20)
 
 struct http_req {
     struct MHD_Connection *conn;
@@ -72,8 +72,8 @@ void admin_stop(struct admin *a, double timeout_s);
 
 /* Route matching, exposed for tests: returns the route for method+path, fills params;
  * *path_matched is set when some route has this path under another method. */
-const struct http_route *http_match(const char *method, const char *path,
-                                    char params[][256], size_t *nparams, int *path_matched,
-                                    char *allow, size_t allow_len);
+const struct http_route *http_match(const char *method, const char *path, char params[][256],
+                                    size_t *nparams, int *path_matched, char *allow,
+                                    size_t allow_len);
 
 #endif

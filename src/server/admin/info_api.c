@@ -10,8 +10,9 @@ static void h_root(struct http_req *req, struct http_resp *resp) {
 
 static void h_healthcheck(struct http_req *req, struct http_resp *resp) {
     if (!engine_is_ready(req->engine))
-        http_json(resp, 503, json_pack("{s:s, s:s}", "status", "unhealthy", "reason",
-                                       "engine not initialized"));
+        http_json(
+            resp, 503,
+            json_pack("{s:s, s:s}", "status", "unhealthy", "reason", "engine not initialized"));
     else
         http_json(resp, 200, json_pack("{s:s}", "status", "healthy"));
 }

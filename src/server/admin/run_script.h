@@ -7,7 +7,7 @@ struct http_req;
 struct http_resp;
 
 #define RUN_SCRIPT_TIMEOUT_S 30
-#define RUN_SCRIPT_PYTHON "/usr/bin/python3"
+#define RUN_SCRIPT_PYTHON    "/usr/bin/python3"
 
 void run_script_handle(struct http_req *req, struct http_resp *resp);
 
