@@ -12,7 +12,7 @@ PKGS=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
   # tests
   libcmocka-dev python3-pytest python3-requests python3-zmq python3-msgpack
-  python3-grpcio python3-protobuf prometheus curl procps
+  python3-grpcio python3-protobuf python3-yaml prometheus curl procps systemd
 )
 
 missing=()
