@@ -1,0 +1,405 @@
+/* Unit tests for the L1 table: state machine, leases (injected clock), LRU order, evict on
+ * allocate, the background tick, IsolatedLRU quotas, clear, temporaries and stats. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/l1/l1.h"
+
+#define SEC 1000000000ull
+#define OBJ 65536u /* 16 units */
+
+static struct l1 *mk(uint64_t size, enum l1_policy pol, struct quota *q) {
+    struct l1_config cfg = {.size_bytes = size,
+                            .policy = pol,
+                            .read_ttl_ns = 300 * SEC,
+                            .write_ttl_ns = 600 * SEC,
+                            .stripes = 8,
+                            .quota = q};
+    struct l1 *l1 = NULL;
+    char err[160];
+    if (l1_create(&cfg, &l1, err, sizeof(err)) != 0) fail_msg("l1_create: %s", err);
+    return l1;
+}
+
+static struct l1_key key(struct l1 *l1, unsigned i, const char *salt) {
+    struct keys_object_key k;
+    char hex[17], err[KEYS_ERR_MAX];
+    snprintf(hex, sizeof(hex), "%016x", i);
+    assert_int_equal(keys_object_key_init(&k, hex, 16, "m", 1, 0x01000100, 0, salt,
+                                          salt ? strlen(salt) : 0, err, sizeof(err)),
+                     0);
+    struct l1_key out;
+    assert_int_equal(l1_key_make(l1, &k, &out), L1_OK);
+    return out;
+}
+
+/* Stores one object with a byte pattern; returns the reserve status. */
+static int store(struct l1 *l1, const struct l1_key *k, uint64_t now, uint8_t pat) {
+    struct l1_ref r;
+    int rc = l1_reserve_write(l1, k, OBJ, false, now, &r);
+    if (rc != L1_OK) return rc;
+    memset(r.data, pat, OBJ);
+    assert_int_equal(l1_finish_write(l1, k, r.token, 0, now), L1_OK);
+    return L1_OK;
+}
+
+static void test_state_machine(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(1 << 20, L1_POLICY_LRU, NULL);
+    struct l1_key k = key(l1, 1, NULL);
+    struct l1_ref w, r;
+    uint64_t now = 1000 * SEC;
+    /* Absent: nothing to read, delete or finish. */
+    assert_int_equal(l1_reserve_read(l1, &k, 1, now, &r), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_delete(l1, &k, false, now), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_finish_write(l1, &k, 5, 0, now), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_reserve_write(l1, &k, 0, false, now, &w), L1_ERR_INVAL);
+    /* Staging: invisible to readers, a second writer is refused. */
+    assert_int_equal(l1_reserve_write(l1, &k, 5000, false, now, &w), L1_OK);
+    assert_int_equal((uintptr_t)w.data % 4096, 0);
+    assert_int_equal(w.size, 5000);
+    assert_int_equal(l1_reserve_read(l1, &k, 1, now, &r), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_reserve_write(l1, &k, 5000, false, now, &r), L1_ERR_BUSY);
+    assert_int_equal(l1_delete(l1, &k, false, now), L1_ERR_BUSY);
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.staging_objects, 1);
+    assert_int_equal(st.write_locked_objects, 1);
+    assert_int_equal(st.bytes_used, 8192);
+    memset(w.data, 0xab, 5000);
+    assert_int_equal(l1_finish_write(l1, &k, w.token + 1, 0, now), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_finish_write(l1, &k, w.token, 0, now), L1_OK);
+    /* Resident: storing again succeeds without copying. */
+    assert_int_equal(l1_reserve_write(l1, &k, 5000, false, now, &r), L1_EXISTS);
+    /* Read path: no lock -> not readable; lock -> readable; release -> not readable. */
+    assert_int_equal(l1_read_locked(l1, &k, now, &r), L1_ERR_NOT_READABLE);
+    assert_int_equal(l1_reserve_read(l1, &k, 2, now, &r), L1_OK);
+    assert_ptr_equal(r.data, w.data);
+    assert_int_equal(((uint8_t *)r.data)[4999], 0xab);
+    assert_int_equal(l1_read_locked(l1, &k, now, &r), L1_OK);
+    assert_int_equal(l1_delete(l1, &k, false, now), L1_ERR_BUSY);
+    assert_int_equal(l1_finish_read(l1, &k, 1, now), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k, now, &r), L1_OK);
+    assert_int_equal(l1_finish_read(l1, &k, 1, now), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k, now, &r), L1_ERR_NOT_READABLE);
+    assert_int_equal(l1_finish_read(l1, &k, 1, now), L1_OK); /* extra release is harmless */
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.objects, 1);
+    assert_int_equal(st.staging_objects, 0);
+    assert_int_equal(st.locked_objects, 0);
+    assert_int_equal(st.write_chunks, 1);
+    assert_int_equal(st.read_chunks, 1);
+    assert_int_equal(l1_delete(l1, &k, false, now), L1_OK);
+    assert_int_equal(l1_delete(l1, &k, false, now), L1_ERR_NOT_FOUND);
+    /* Abort discards a staging write. */
+    assert_int_equal(l1_reserve_write(l1, &k, 100, false, now, &w), L1_OK);
+    assert_int_equal(l1_abort_write(l1, &k, w.token), L1_OK);
+    assert_int_equal(l1_abort_write(l1, &k, w.token), L1_ERR_NOT_FOUND);
+    /* finish_write with read locks (prefetch completion). */
+    assert_int_equal(l1_reserve_write(l1, &k, 100, false, now, &w), L1_OK);
+    assert_int_equal(l1_finish_write(l1, &k, w.token, 3, now), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k, now, &r), L1_OK);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.read_locked_objects, 1);
+    assert_int_equal(st.bytes_used, 4096);
+    assert_string_equal(l1_strerror(L1_ERR_BUSY), "locked by another holder");
+    l1_destroy(l1);
+}
+
+static void test_leases(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(1 << 20, L1_POLICY_LRU, NULL);
+    struct l1_key k = key(l1, 1, NULL), k2 = key(l1, 2, NULL);
+    struct l1_ref w, w2, r;
+    uint64_t t0 = 10 * SEC;
+    /* Write lease: expires after 600 s; finish then fails, a new writer takes the entry. */
+    assert_int_equal(l1_reserve_write(l1, &k, 100, false, t0, &w), L1_OK);
+    assert_int_equal(l1_reserve_write(l1, &k, 100, false, t0 + 599 * SEC, &w2), L1_ERR_BUSY);
+    assert_int_equal(l1_finish_write(l1, &k, w.token, 0, t0 + 600 * SEC), L1_ERR_EXPIRED);
+    assert_int_equal(l1_delete(l1, &k, false, t0 + 600 * SEC), L1_OK); /* expired: reclaimable */
+    assert_int_equal(l1_reserve_write(l1, &k, 100, false, t0, &w), L1_OK);
+    assert_int_equal(l1_reserve_write(l1, &k, 100, false, t0 + 601 * SEC, &w2), L1_OK);
+    assert_int_not_equal(w.token, w2.token);
+    assert_int_equal(l1_finish_write(l1, &k, w.token, 0, t0 + 601 * SEC), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_finish_write(l1, &k, w2.token, 0, t0 + 601 * SEC), L1_OK);
+    /* Read lease: expires after 300 s; the object becomes unreadable and evictable. */
+    uint64_t t1 = 1000 * SEC;
+    assert_int_equal(l1_reserve_read(l1, &k, 1, t1, &r), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k, t1 + 299 * SEC, &r), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k, t1 + 300 * SEC, &r), L1_ERR_NOT_READABLE);
+    assert_int_equal(l1_delete(l1, &k, false, t1 + 299 * SEC), L1_ERR_BUSY);
+    /* A new reserve renews the lease for all holders. */
+    assert_int_equal(l1_reserve_read(l1, &k, 1, t1 + 200 * SEC, &r), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k, t1 + 450 * SEC, &r), L1_OK);
+    assert_int_equal(l1_delete(l1, &k, false, t1 + 500 * SEC), L1_OK);
+    /* The tick reclaims expired staging entries. */
+    assert_int_equal(l1_reserve_write(l1, &k2, 100, false, t0, &w), L1_OK);
+    struct l1_tick_report rep;
+    l1_evict_tick(l1, t0 + 599 * SEC, &rep);
+    assert_int_equal(rep.reclaimed_staging, 0);
+    l1_evict_tick(l1, t0 + 600 * SEC, &rep);
+    assert_int_equal(rep.reclaimed_staging, 1);
+    struct l1_stats st;
+    l1_get_stats(l1, t0, &st);
+    assert_int_equal(st.staging_objects, 0);
+    assert_int_equal(st.bytes_used, 0);
+    l1_destroy(l1);
+}
+
+static void test_temporary(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(1 << 20, L1_POLICY_LRU, NULL);
+    struct l1_key k = key(l1, 1, NULL);
+    struct l1_ref w;
+    uint64_t now = SEC;
+    assert_int_equal(l1_reserve_write(l1, &k, 100, true, now, &w), L1_OK);
+    assert_int_equal(l1_finish_write(l1, &k, w.token, 2, now), L1_OK);
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.temporary_objects, 1);
+    assert_int_equal(l1_finish_read(l1, &k, 1, now), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k, now, &w), L1_OK);
+    assert_int_equal(l1_finish_read(l1, &k, 1, now), L1_OK); /* last read: freed */
+    assert_int_equal(l1_reserve_read(l1, &k, 1, now, &w), L1_ERR_NOT_FOUND);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.objects, 0);
+    assert_int_equal(st.temporary_objects, 0);
+    assert_int_equal(st.bytes_used, 0);
+    l1_destroy(l1);
+}
+
+/* 16 objects of 64 KiB fill a 1 MiB arena; the 17th evicts the least recently used. */
+static void test_lru_order_and_evict_on_allocate(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(1 << 20, L1_POLICY_LRU, NULL);
+    struct l1_key k[20];
+    uint64_t now = SEC;
+    for (unsigned i = 0; i < 20; i++) k[i] = key(l1, i, NULL);
+    for (unsigned i = 0; i < 16; i++) assert_int_equal(store(l1, &k[i], now, (uint8_t)i), L1_OK);
+    /* Access 0 and 1 (MRU), read-lock 2 (not evictable). */
+    assert_int_equal(l1_touch(l1, &k[0], now), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &k[1], 1, now, NULL), L1_OK);
+    assert_int_equal(l1_finish_read(l1, &k[1], 1, now), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &k[2], 1, now, NULL), L1_OK);
+    assert_int_equal(store(l1, &k[16], now, 16), L1_OK); /* evicts 3 */
+    assert_int_equal(l1_reserve_read(l1, &k[3], 1, now, NULL), L1_ERR_NOT_FOUND);
+    assert_int_equal(store(l1, &k[17], now, 17), L1_OK); /* evicts 4 */
+    assert_int_equal(l1_reserve_read(l1, &k[4], 1, now, NULL), L1_ERR_NOT_FOUND);
+    for (unsigned i = 0; i < 3; i++) {
+        struct l1_ref r;
+        assert_int_equal(l1_reserve_read(l1, &k[i], 1, now, &r), L1_OK);
+        assert_int_equal(((uint8_t *)r.data)[OBJ - 1], i); /* data intact */
+    }
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.evicted_chunks, 2);
+    assert_int_equal(st.objects, 16);
+    /* Everything read-locked: nothing evictable, the store fails and is counted. */
+    for (unsigned i = 0; i < 18; i++) l1_reserve_read(l1, &k[i], 1, now, NULL);
+    assert_int_equal(store(l1, &k[18], now, 18), L1_ERR_NOMEM);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.alloc_failures, 1);
+    /* Once the leases expire the store evicts again. */
+    assert_int_equal(store(l1, &k[18], now + 301 * SEC, 18), L1_OK);
+    l1_destroy(l1);
+}
+
+static void test_noop_policy_never_evicts(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(1 << 20, L1_POLICY_NOOP, NULL);
+    for (unsigned i = 0; i < 16; i++) {
+        struct l1_key k = key(l1, i, NULL);
+        assert_int_equal(store(l1, &k, SEC, 1), L1_OK);
+    }
+    struct l1_key k = key(l1, 99, NULL);
+    assert_int_equal(store(l1, &k, SEC, 1), L1_ERR_NOMEM);
+    struct l1_tick_report rep;
+    l1_evict_tick(l1, SEC, &rep);
+    assert_int_equal(rep.evicted_objects, 0);
+    l1_destroy(l1);
+}
+
+static void test_tick_watermark(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(1 << 20, L1_POLICY_LRU, NULL); /* watermark 0.8, ratio 0.1 */
+    uint64_t now = SEC;
+    struct l1_key k[16];
+    for (unsigned i = 0; i < 12; i++) {
+        k[i] = key(l1, i, NULL);
+        assert_int_equal(store(l1, &k[i], now, 1), L1_OK);
+    }
+    struct l1_tick_report rep;
+    l1_evict_tick(l1, now, &rep); /* 12/16 = 0.75: below */
+    assert_false(rep.triggered);
+    assert_int_equal(rep.evicted_objects, 0);
+    k[12] = key(l1, 12, NULL);
+    assert_int_equal(store(l1, &k[12], now, 1), L1_OK);
+    l1_evict_tick(l1, now, &rep); /* 13/16 = 0.8125 -> down to 0.72 = 11.52 objects -> 11 */
+    assert_true(rep.triggered);
+    assert_int_equal(rep.evicted_objects, 2);
+    assert_int_equal(rep.evicted_bytes, 2 * OBJ);
+    assert_int_equal(l1_reserve_read(l1, &k[0], 1, now, NULL), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_reserve_read(l1, &k[1], 1, now, NULL), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_reserve_read(l1, &k[2], 1, now, NULL), L1_OK);
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.eviction_ticks, 2);
+    assert_int_equal(st.eviction_triggered, 1);
+    assert_true(st.usage_ratio < 0.72);
+    l1_destroy(l1);
+}
+
+struct salt_seen {
+    int n;
+    uint64_t bytes[8];
+    char names[8][16];
+};
+static void salt_cb(const char *salt, const struct l1_salt_stats *st, void *arg) {
+    struct salt_seen *s = arg;
+    snprintf(s->names[s->n], 16, "%s", salt);
+    s->bytes[s->n++] = st->bytes;
+}
+
+static void test_isolated_lru_quota(void **state) {
+    (void)state;
+    struct quota *q = quota_create();
+    char err[160];
+    assert_int_equal(quota_set(q, "alice", 4 * OBJ, err, sizeof(err)), 0);
+    assert_int_equal(quota_set(q, "", 2 * OBJ, err, sizeof(err)), 0);
+    assert_int_equal(quota_set(q, "a/b", 1, err, sizeof(err)), -1);
+    struct l1 *l1 = mk(4 << 20, L1_POLICY_ISOLATED_LRU, q);
+    uint64_t now = SEC;
+    struct l1_key a[8], b[8], d[8];
+    for (unsigned i = 0; i < 6; i++) {
+        a[i] = key(l1, i, "alice");
+        b[i] = key(l1, i, "bob"); /* no quota: limit 0 */
+        d[i] = key(l1, i, NULL);  /* the empty salt */
+        assert_int_equal(store(l1, &a[i], now, 1), L1_OK);
+        assert_int_equal(store(l1, &b[i], now, 2), L1_OK);
+        assert_int_equal(store(l1, &d[i], now, 3), L1_OK);
+    }
+    assert_int_equal(l1_salt_usage_bytes(l1, "alice"), 6 * OBJ);
+    assert_int_equal(l1_salt_usage_bytes(l1, "nobody"), 0);
+    /* Same hash under different salts are different objects. */
+    assert_int_equal(l1_reserve_read(l1, &b[0], 1, now, NULL), L1_OK); /* locked: survives */
+    assert_int_equal(l1_finish_read(l1, &b[0], 0, now), L1_OK);
+    l1_touch(l1, &a[0], now); /* alice's MRU: a[1], a[2] are her oldest */
+    struct l1_tick_report rep;
+    l1_evict_tick(l1, now, &rep);
+    assert_false(rep.triggered);
+    assert_int_equal(rep.quota_evicted_objects, 2 + 5 + 4);
+    assert_int_equal(l1_salt_usage_bytes(l1, "alice"), 4 * OBJ);
+    assert_int_equal(l1_salt_usage_bytes(l1, "bob"), 1 * OBJ);
+    assert_int_equal(l1_salt_usage_bytes(l1, ""), 2 * OBJ);
+    assert_int_equal(l1_reserve_read(l1, &a[1], 1, now, NULL), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_reserve_read(l1, &a[2], 1, now, NULL), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_reserve_read(l1, &a[0], 1, now, NULL), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &d[4], 1, now, NULL), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &d[5], 1, now, NULL), L1_OK);
+    /* Removing a quota evicts the salt on the next tick; raising one stops eviction. */
+    assert_true(quota_remove(q, "alice"));
+    l1_evict_tick(l1, now, &rep);
+    assert_int_equal(l1_salt_usage_bytes(l1, "alice"), OBJ); /* a[0] is read-locked */
+    assert_int_equal(quota_set(q, "bob", 100 * OBJ, err, sizeof(err)), 0);
+    l1_quota_changed(l1);
+    for (unsigned i = 1; i < 6; i++) assert_int_equal(store(l1, &b[i], now, 2), L1_OK);
+    l1_evict_tick(l1, now + 400 * SEC, &rep);
+    assert_int_equal(l1_salt_usage_bytes(l1, "bob"), 6 * OBJ);
+    assert_int_equal(l1_salt_usage_bytes(l1, "alice"), 0); /* lease expired */
+    struct salt_seen seen = {0};
+    l1_salt_foreach(l1, salt_cb, &seen);
+    assert_int_equal(seen.n, 3);
+    assert_string_equal(seen.names[0], "alice");
+    assert_string_equal(seen.names[1], "bob");
+    assert_string_equal(seen.names[2], "");
+    assert_int_equal(seen.bytes[1], 6 * OBJ);
+    l1_destroy(l1);
+    quota_destroy(q);
+}
+
+/* Under IsolatedLRU a full arena evicts the salt furthest over its quota first. */
+static void test_isolated_evict_on_allocate(void **state) {
+    (void)state;
+    struct quota *q = quota_create();
+    char err[160];
+    assert_int_equal(quota_set(q, "alice", 100 * OBJ, err, sizeof(err)), 0);
+    struct l1 *l1 = mk(1 << 20, L1_POLICY_ISOLATED_LRU, q);
+    l1_quota_changed(l1);
+    uint64_t now = SEC;
+    struct l1_key a[16], b[8];
+    for (unsigned i = 0; i < 8; i++) {
+        a[i] = key(l1, i, "alice");
+        b[i] = key(l1, i, "bob");
+        assert_int_equal(store(l1, &a[i], now, 1), L1_OK);
+        assert_int_equal(store(l1, &b[i], now, 1), L1_OK);
+    }
+    l1_quota_changed(l1); /* bob is now known, limit 0 */
+    for (unsigned i = 8; i < 16; i++) {
+        a[i] = key(l1, i, "alice");
+        assert_int_equal(store(l1, &a[i], now, 1), L1_OK);
+    }
+    assert_int_equal(l1_salt_usage_bytes(l1, "alice"), 16 * OBJ);
+    assert_int_equal(l1_salt_usage_bytes(l1, "bob"), 0);
+    l1_destroy(l1);
+    quota_destroy(q);
+}
+
+static void test_clear(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(1 << 20, L1_POLICY_LRU, NULL);
+    uint64_t now = SEC;
+    struct l1_key k[4];
+    for (unsigned i = 0; i < 4; i++) k[i] = key(l1, i, NULL);
+    assert_int_equal(store(l1, &k[0], now, 1), L1_OK);
+    assert_int_equal(store(l1, &k[1], now, 1), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &k[1], 1, now, NULL), L1_OK);
+    struct l1_ref w;
+    assert_int_equal(l1_reserve_write(l1, &k[2], 10, false, now, &w), L1_OK);
+    assert_int_equal(l1_clear(l1, false, now), 1); /* only the unlocked resident */
+    assert_int_equal(l1_clear(l1, true, now), 2);  /* forced: locked and staging too */
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.objects + st.staging_objects, 0);
+    assert_int_equal(st.bytes_used, 0);
+    assert_int_equal(l1_finish_write(l1, &k[2], w.token, 0, now), L1_ERR_NOT_FOUND);
+    l1_destroy(l1);
+}
+
+static void test_prefix_lookup_and_names(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(4 << 20, L1_POLICY_LRU, NULL);
+    struct l1_key k[8];
+    for (unsigned i = 0; i < 8; i++) k[i] = key(l1, i, "s");
+    for (unsigned i = 0; i < 8; i++)
+        if (i != 5) assert_int_equal(store(l1, &k[i], SEC, 1), L1_OK);
+    assert_int_equal(l1_reserve_read_prefix(l1, k, 8, 2, SEC), 5);
+    assert_int_equal(l1_read_locked(l1, &k[4], SEC, NULL), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k[6], SEC, NULL), L1_ERR_NOT_READABLE);
+    assert_string_equal(l1_model_name(l1, k[0].model_id), "m");
+    assert_string_equal(l1_salt_name(l1, k[0].salt_id), "s");
+    assert_null(l1_salt_name(l1, 999));
+    assert_true(l1_entry_overhead_bytes() <= 128);
+    l1_destroy(l1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_state_machine),
+        cmocka_unit_test(test_leases),
+        cmocka_unit_test(test_temporary),
+        cmocka_unit_test(test_lru_order_and_evict_on_allocate),
+        cmocka_unit_test(test_noop_policy_never_evicts),
+        cmocka_unit_test(test_tick_watermark),
+        cmocka_unit_test(test_isolated_lru_quota),
+        cmocka_unit_test(test_isolated_evict_on_allocate),
+        cmocka_unit_test(test_clear),
+        cmocka_unit_test(test_prefix_lookup_and_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
