@@ -1,0 +1,471 @@
+/* C client of the UMBP master on the gRPC C core: one channel per client, unary calls as
+ * one six-op batch plucked from the client's own completion queue. */
+#include "lmcache/umbp_client.h"
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "umbp.pb-c.h"
+
+struct umbp_client {
+    grpc_channel *ch;
+    grpc_completion_queue *cq;
+    char *node_id, *node_address;
+    uint32_t timeout_ms;
+    bool registered;
+};
+
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
+static void do_grpc_init(void) { grpc_init(); }
+
+static void set_err(char *err, size_t errlen, const char *rpc, const char *msg) {
+    if (err && errlen) snprintf(err, errlen, "%s failed: %s", rpc, msg);
+}
+
+struct umbp_client *umbp_client_new(const char *master_address, const char *node_id,
+                                    const char *node_address) {
+    pthread_once(&g_init_once, do_grpc_init);
+    struct umbp_client *c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    c->node_id = strdup(node_id ? node_id : "");
+    c->node_address = strdup(node_address ? node_address : "");
+    grpc_arg args[2];
+    args[0].type = args[1].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[0].value.integer = args[1].value.integer = 64 << 20;
+    grpc_channel_args ca = {2, args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    c->ch = creds ? grpc_channel_create(master_address, creds, &ca) : NULL;
+    if (creds) grpc_channel_credentials_release(creds);
+    c->cq = grpc_completion_queue_create_for_pluck(NULL);
+    if (!c->node_id || !c->node_address || !c->ch || !c->cq) {
+        umbp_client_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void umbp_client_free(struct umbp_client *c) {
+    if (!c) return;
+    if (c->ch) grpc_channel_destroy(c->ch);
+    if (c->cq) {
+        grpc_completion_queue_shutdown(c->cq);
+        while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+                   .type != GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(c->cq);
+    }
+    free(c->node_id);
+    free(c->node_address);
+    free(c);
+}
+
+void umbp_client_set_timeout_ms(struct umbp_client *c, uint32_t ms) { c->timeout_ms = ms; }
+
+bool umbp_client_is_registered(const struct umbp_client *c) { return c->registered; }
+
+/* One in-flight unary call. */
+struct ucall {
+    grpc_call *call;
+    grpc_byte_buffer *req, *resp;
+    grpc_metadata_array md_init, md_trail;
+    grpc_status_code status;
+    grpc_slice details;
+    uint64_t t0;
+    grpc_op ops[6];
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int ucall_start(struct umbp_client *c, grpc_completion_queue *cq, struct ucall *u,
+                       const char *rpc, const ProtobufCMessage *req, void *tag) {
+    char path[96];
+    snprintf(path, sizeof(path), "/umbp.UMBPMaster/%s", rpc);
+    memset(u, 0, sizeof(*u));
+    size_t n = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) return -1;
+    protobuf_c_message_pack(req, buf);
+    grpc_slice s = grpc_slice_new(buf, n, free);
+    u->req = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    gpr_timespec deadline = c->timeout_ms
+                                ? gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                                               gpr_time_from_millis(c->timeout_ms, GPR_TIMESPAN))
+                                : gpr_inf_future(GPR_CLOCK_REALTIME);
+    grpc_slice method = grpc_slice_from_copied_string(path);
+    u->call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+                                       deadline, NULL);
+    grpc_slice_unref(method);
+    grpc_metadata_array_init(&u->md_init);
+    grpc_metadata_array_init(&u->md_trail);
+    grpc_op *o = u->ops;
+    o[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    o[1].op = GRPC_OP_SEND_MESSAGE;
+    o[1].data.send_message.send_message = u->req;
+    o[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    o[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    o[3].data.recv_initial_metadata.recv_initial_metadata = &u->md_init;
+    o[4].op = GRPC_OP_RECV_MESSAGE;
+    o[4].data.recv_message.recv_message = &u->resp;
+    o[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    o[5].data.recv_status_on_client.trailing_metadata = &u->md_trail;
+    o[5].data.recv_status_on_client.status = &u->status;
+    o[5].data.recv_status_on_client.status_details = &u->details;
+    u->t0 = now_ns();
+    if (!u->call || grpc_call_start_batch(u->call, u->ops, 6, tag, NULL) != GRPC_CALL_OK) return -1;
+    return 0;
+}
+
+static void ucall_cleanup(struct ucall *u) {
+    if (u->call) grpc_call_unref(u->call);
+    if (u->req) grpc_byte_buffer_destroy(u->req);
+    if (u->resp) grpc_byte_buffer_destroy(u->resp);
+    grpc_metadata_array_destroy(&u->md_init);
+    grpc_metadata_array_destroy(&u->md_trail);
+    grpc_slice_unref(u->details);
+    memset(u, 0, sizeof(*u));
+}
+
+/* Status handling after completion; on OK decodes the reply with desc into *out. */
+static int ucall_finish(struct ucall *u, const char *rpc, const ProtobufCMessageDescriptor *desc,
+                        ProtobufCMessage **out, char *err, size_t errlen) {
+    if (u->status != GRPC_STATUS_OK) {
+        char *msg = grpc_slice_to_c_string(u->details);
+        set_err(err, errlen, rpc, msg ? msg : "?");
+        gpr_free(msg);
+        return (int)u->status;
+    }
+    grpc_slice s = grpc_empty_slice();
+    if (u->resp) {
+        grpc_byte_buffer_reader rd;
+        if (!grpc_byte_buffer_reader_init(&rd, u->resp)) {
+            set_err(err, errlen, rpc, "unreadable reply");
+            return -1;
+        }
+        s = grpc_byte_buffer_reader_readall(&rd);
+        grpc_byte_buffer_reader_destroy(&rd);
+    }
+    ProtobufCMessage *m =
+        protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    grpc_slice_unref(s);
+    if (!m) {
+        set_err(err, errlen, rpc, "reply could not be decoded");
+        return -1;
+    }
+    if (out)
+        *out = m;
+    else
+        protobuf_c_message_free_unpacked(m, NULL);
+    return 0;
+}
+
+static int unary(struct umbp_client *c, const char *rpc, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, char *err,
+                 size_t errlen) {
+    struct ucall u;
+    int rc;
+    if (ucall_start(c, c->cq, &u, rpc, req, &u)) {
+        set_err(err, errlen, rpc, "cannot start the call");
+        rc = -1;
+    } else {
+        grpc_event ev =
+            grpc_completion_queue_pluck(c->cq, &u, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        rc = ev.type == GRPC_OP_COMPLETE && ev.success
+                 ? ucall_finish(&u, rpc, desc, out, err, errlen)
+                 : (set_err(err, errlen, rpc, "call failed"), -1);
+    }
+    ucall_cleanup(&u);
+    return rc;
+}
+
+int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity *caps, size_t ncaps,
+                         char *err, size_t errlen) {
+    Umbp__TierCapacity *tc = calloc(ncaps + 1, sizeof(*tc));
+    Umbp__TierCapacity **ptc = calloc(ncaps + 1, sizeof(*ptc));
+    if (!tc || !ptc) {
+        free(tc);
+        free(ptc);
+        set_err(err, errlen, "RegisterClient", "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < ncaps; i++) {
+        umbp__tier_capacity__init(&tc[i]);
+        tc[i].tier = (Umbp__TierType)caps[i].tier;
+        tc[i].total_capacity_bytes = caps[i].total_bytes;
+        tc[i].available_capacity_bytes = caps[i].available_bytes;
+        ptc[i] = &tc[i];
+    }
+    Umbp__RegisterClientRequest q = UMBP__REGISTER_CLIENT_REQUEST__INIT;
+    q.node_id = c->node_id;
+    q.node_address = c->node_address;
+    q.n_tier_capacities = ncaps;
+    q.tier_capacities = ptc;
+    int rc = unary(c, "RegisterClient", &q.base, &umbp__register_client_response__descriptor, NULL,
+                   err, errlen);
+    if (rc == 0) c->registered = true;
+    free(tc);
+    free(ptc);
+    return rc;
+}
+
+int umbp_client_unregister(struct umbp_client *c, char *err, size_t errlen) {
+    if (!c->registered) return 0;
+    Umbp__UnregisterClientRequest q = UMBP__UNREGISTER_CLIENT_REQUEST__INIT;
+    q.node_id = c->node_id;
+    int rc = unary(c, "UnregisterClient", &q.base, &umbp__unregister_client_response__descriptor,
+                   NULL, err, errlen);
+    if (rc == 0) c->registered = false;
+    return rc;
+}
+
+int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t errlen) {
+    Umbp__HeartbeatRequest q = UMBP__HEARTBEAT_REQUEST__INIT;
+    q.node_id = c->node_id;
+    ProtobufCMessage *out = NULL;
+    int rc =
+        unary(c, "Heartbeat", &q.base, &umbp__heartbeat_response__descriptor, &out, err, errlen);
+    if (rc == 0) {
+        *alive =
+            ((Umbp__HeartbeatResponse *)out)->status == UMBP__CLIENT_STATUS__CLIENT_STATUS_ALIVE;
+        protobuf_c_message_free_unpacked(out, NULL);
+    }
+    return rc;
+}
+
+int umbp_report_external_kv_blocks(struct umbp_client *c, const char *node_id,
+                                   const char *const *hashes, size_t n, enum umbp_tier tier,
+                                   char *err, size_t errlen) {
+    Umbp__ReportExternalKvBlocksRequest q = UMBP__REPORT_EXTERNAL_KV_BLOCKS_REQUEST__INIT;
+    q.node_id = (char *)(node_id ? node_id : "");
+    q.n_hashes = n;
+    q.hashes = (char **)hashes;
+    q.tier = (Umbp__TierType)tier;
+    return unary(c, "ReportExternalKvBlocks", &q.base,
+                 &umbp__report_external_kv_blocks_response__descriptor, NULL, err, errlen);
+}
+
+int umbp_revoke_external_kv_blocks(struct umbp_client *c, const char *node_id,
+                                   const char *const *hashes, size_t n, enum umbp_tier tier,
+                                   char *err, size_t errlen) {
+    Umbp__RevokeExternalKvBlocksRequest q = UMBP__REVOKE_EXTERNAL_KV_BLOCKS_REQUEST__INIT;
+    q.node_id = (char *)(node_id ? node_id : "");
+    q.n_hashes = n;
+    q.hashes = (char **)hashes;
+    q.tier = (Umbp__TierType)tier;
+    return unary(c, "RevokeExternalKvBlocks", &q.base,
+                 &umbp__revoke_external_kv_blocks_response__descriptor, NULL, err, errlen);
+}
+
+int umbp_revoke_all_external_kv_blocks_at_tier(struct umbp_client *c, const char *node_id,
+                                               enum umbp_tier tier, char *err, size_t errlen) {
+    Umbp__RevokeAllExternalKvBlocksAtTierRequest q =
+        UMBP__REVOKE_ALL_EXTERNAL_KV_BLOCKS_AT_TIER_REQUEST__INIT;
+    q.node_id = (char *)(node_id ? node_id : "");
+    q.tier = (Umbp__TierType)tier;
+    return unary(c, "RevokeAllExternalKvBlocksAtTier", &q.base,
+                 &umbp__revoke_all_external_kv_blocks_at_tier_response__descriptor, NULL, err,
+                 errlen);
+}
+
+int umbp_revoke_all_external_kv_blocks_for_node(struct umbp_client *c, const char *node_id,
+                                                char *err, size_t errlen) {
+    Umbp__RevokeAllExternalKvBlocksForNodeRequest q =
+        UMBP__REVOKE_ALL_EXTERNAL_KV_BLOCKS_FOR_NODE_REQUEST__INIT;
+    q.node_id = (char *)(node_id ? node_id : "");
+    return unary(c, "RevokeAllExternalKvBlocksForNode", &q.base,
+                 &umbp__revoke_all_external_kv_blocks_for_node_response__descriptor, NULL, err,
+                 errlen);
+}
+
+void umbp_match_result_free(struct umbp_match_result *r) {
+    for (size_t i = 0; r && i < r->n; i++) {
+        struct umbp_node_match *m = &r->nodes[i];
+        for (size_t t = 0; t < m->ntiers; t++) {
+            for (size_t k = 0; k < m->tiers[t].n; k++) free(m->tiers[t].hashes[k]);
+            free(m->tiers[t].hashes);
+        }
+        free(m->tiers);
+        free(m->node_id);
+        free(m->peer_address);
+    }
+    if (r) {
+        free(r->nodes);
+        r->nodes = NULL;
+        r->n = 0;
+    }
+}
+
+size_t umbp_node_match_count(const struct umbp_node_match *m) {
+    size_t n = 0;
+    for (size_t t = 0; t < m->ntiers; t++)
+        for (size_t k = 0; k < m->tiers[t].n; k++) {
+            bool dup = false;
+            for (size_t u = 0; u < t && !dup; u++)
+                for (size_t j = 0; j < m->tiers[u].n && !dup; j++)
+                    dup = strcmp(m->tiers[u].hashes[j], m->tiers[t].hashes[k]) == 0;
+            n += !dup;
+        }
+    return n;
+}
+
+static int cmp_tier(const void *a, const void *b) {
+    return (int)((const struct umbp_tier_hashes *)a)->tier -
+           (int)((const struct umbp_tier_hashes *)b)->tier;
+}
+
+static int convert_match(const Umbp__MatchExternalKvResponse *r, struct umbp_match_result *out) {
+    out->n = 0;
+    out->nodes = calloc(r->n_matches + 1, sizeof(*out->nodes));
+    if (!out->nodes) return -1;
+    for (size_t i = 0; i < r->n_matches; i++) {
+        const Umbp__ExternalKvNodeMatch *m = r->matches[i];
+        struct umbp_node_match *d = &out->nodes[out->n++];
+        d->node_id = strdup(m->node_id);
+        d->peer_address = strdup(m->peer_address);
+        d->tiers = calloc(m->n_hashes_by_tier + 1, sizeof(*d->tiers));
+        if (!d->node_id || !d->peer_address || !d->tiers) return -1;
+        for (size_t t = 0; t < m->n_hashes_by_tier; t++) {
+            const Umbp__TierHashes *th = m->hashes_by_tier[t];
+            struct umbp_tier_hashes *dt = &d->tiers[d->ntiers++];
+            dt->tier = (enum umbp_tier)th->tier;
+            dt->hashes = calloc(th->n_hashes + 1, sizeof(char *));
+            if (!dt->hashes) return -1;
+            for (size_t k = 0; k < th->n_hashes; k++, dt->n++)
+                if (!(dt->hashes[k] = strdup(th->hashes[k]))) return -1;
+        }
+        qsort(d->tiers, d->ntiers, sizeof(*d->tiers), cmp_tier);
+    }
+    return 0;
+}
+
+int umbp_match_external_kv(struct umbp_client *c, const char *const *hashes, size_t n,
+                           bool count_as_hit, struct umbp_match_result *out, char *err,
+                           size_t errlen) {
+    memset(out, 0, sizeof(*out));
+    if (!n) return 0;
+    Umbp__MatchExternalKvRequest q = UMBP__MATCH_EXTERNAL_KV_REQUEST__INIT;
+    q.n_hashes = n;
+    q.hashes = (char **)hashes;
+    q.count_as_hit = count_as_hit;
+    ProtobufCMessage *resp = NULL;
+    int rc = unary(c, "MatchExternalKv", &q.base, &umbp__match_external_kv_response__descriptor,
+                   &resp, err, errlen);
+    if (rc) return rc;
+    if (convert_match((const Umbp__MatchExternalKvResponse *)resp, out)) {
+        umbp_match_result_free(out);
+        set_err(err, errlen, "MatchExternalKv", "out of memory");
+        rc = -1;
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
+void umbp_hit_counts_free(struct umbp_hit_count *h, size_t n) {
+    for (size_t i = 0; h && i < n; i++) free(h[i].hash);
+    free(h);
+}
+
+int umbp_get_external_kv_hit_counts(struct umbp_client *c, const char *const *hashes, size_t n,
+                                    struct umbp_hit_count **out, size_t *nout, char *err,
+                                    size_t errlen) {
+    *out = NULL;
+    *nout = 0;
+    Umbp__GetExternalKvHitCountsRequest q = UMBP__GET_EXTERNAL_KV_HIT_COUNTS_REQUEST__INIT;
+    q.n_hashes = n;
+    q.hashes = (char **)hashes;
+    ProtobufCMessage *resp = NULL;
+    int rc = unary(c, "GetExternalKvHitCounts", &q.base,
+                   &umbp__get_external_kv_hit_counts_response__descriptor, &resp, err, errlen);
+    if (rc) return rc;
+    const Umbp__GetExternalKvHitCountsResponse *r = (const void *)resp;
+    struct umbp_hit_count *h = calloc(r->n_entries + 1, sizeof(*h));
+    size_t k = 0;
+    for (; h && k < r->n_entries; k++) {
+        h[k].hit_count_total = r->entries[k]->hit_count_total;
+        if (!(h[k].hash = strdup(r->entries[k]->hash))) break;
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    if (!h || k < r->n_entries) {
+        umbp_hit_counts_free(h, k);
+        set_err(err, errlen, "GetExternalKvHitCounts", "out of memory");
+        return -1;
+    }
+    *out = h;
+    *nout = k;
+    return 0;
+}
+
+int umbp_match_external_kv_pipelined(struct umbp_client *c, const char *const *const *qhashes,
+                                     const size_t *qlen, size_t nq, bool count_as_hit,
+                                     unsigned depth, uint64_t *lat_ns, uint64_t *nmatched,
+                                     char *err, size_t errlen) {
+    if (!depth) depth = 1;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    struct ucall *calls = calloc(depth, sizeof(*calls));
+    size_t *qidx = calloc(depth, sizeof(*qidx));
+    int rc = (!cq || !calls || !qidx) ? -1 : 0;
+    size_t next = 0, inflight = 0;
+    uint64_t matched = 0;
+    Umbp__MatchExternalKvRequest q = UMBP__MATCH_EXTERNAL_KV_REQUEST__INIT;
+    q.count_as_hit = count_as_hit;
+    for (unsigned s = 0; !rc && s < depth && next < nq; s++, next++, inflight++) {
+        q.n_hashes = qlen[next];
+        q.hashes = (char **)qhashes[next];
+        qidx[s] = next;
+        if (ucall_start(c, cq, &calls[s], "MatchExternalKv", &q.base, &calls[s])) rc = -1;
+    }
+    while (inflight) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type != GRPC_OP_COMPLETE) break;
+        struct ucall *u = ev.tag;
+        size_t s = (size_t)(u - calls);
+        inflight--;
+        if (lat_ns) lat_ns[qidx[s]] = now_ns() - u->t0;
+        ProtobufCMessage *resp = NULL;
+        int r = ev.success ? ucall_finish(u, "MatchExternalKv",
+                                          &umbp__match_external_kv_response__descriptor, &resp, err,
+                                          errlen)
+                           : -1;
+        if (resp) {
+            matched += ((Umbp__MatchExternalKvResponse *)resp)->n_matches;
+            protobuf_c_message_free_unpacked(resp, NULL);
+        }
+        ucall_cleanup(u);
+        if (r && !rc) rc = r;
+        if (!rc && next < nq) {
+            q.n_hashes = qlen[next];
+            q.hashes = (char **)qhashes[next];
+            qidx[s] = next++;
+            if (ucall_start(c, cq, u, "MatchExternalKv", &q.base, u))
+                rc = -1;
+            else
+                inflight++;
+        }
+    }
+    if (cq) {
+        grpc_completion_queue_shutdown(cq);
+        while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(cq);
+    }
+    free(calls);
+    free(qidx);
+    if (nmatched) *nmatched = matched;
+    if (rc == -1 && err && !*err) set_err(err, errlen, "MatchExternalKv", "local failure");
+    return rc;
+}
