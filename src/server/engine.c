@@ -14,6 +14,7 @@
 #include "base/metrics.h"
 #include "base/periodic.h"
 #include "base/version.h"
+#include "server/l1/l1.h"
 
 static void random_uuid(char *out, size_t len) {
     unsigned char b[16];
@@ -63,29 +64,187 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *errbu
     return 0;
 }
 
+/* The `l1-evictor` periodic thread: holds L1 under its watermark and every salt under its
+ * quota, and reclaims expired write leases. */
+static int l1_evictor_tick(void *arg, json_t **summary) {
+    struct engine *e = arg;
+    struct l1_tick_report rep;
+    if (l1_evict_tick(e->l1, clock_mono_ns(), &rep) < 0) return -1;
+    *summary = json_pack("{s:b, s:I, s:I, s:I, s:I, s:f, s:f}", "triggered", rep.triggered,
+                         "evicted_objects", (json_int_t)rep.evicted_objects, "evicted_bytes",
+                         (json_int_t)rep.evicted_bytes, "quota_evicted_objects",
+                         (json_int_t)rep.quota_evicted_objects, "reclaimed_staging",
+                         (json_int_t)rep.reclaimed_staging, "usage_before", rep.usage_before,
+                         "usage_after", rep.usage_after);
+    return 0;
+}
+
+/* Gauges read the snapshot taken by engine_refresh_metrics just before each scrape, so one
+ * scrape walks the table once. */
+static double l1_gauge(struct engine *e, int which) {
+    pthread_mutex_lock(&e->l1m.lock);
+    const struct l1_stats *st = &e->l1m.snap;
+    double v = which == 0   ? (double)st->bytes_used
+               : which == 1 ? st->usage_ratio
+               : which == 2 ? (double)st->staging_bytes
+               : which == 3 ? (double)st->objects
+                            : (double)st->bytes_total;
+    pthread_mutex_unlock(&e->l1m.lock);
+    return v;
+}
+static double g_l1_used(void *a) { return l1_gauge(a, 0); }
+static double g_l1_ratio(void *a) { return l1_gauge(a, 1); }
+static double g_l1_staging(void *a) { return l1_gauge(a, 2); }
+static double g_l1_objects(void *a) { return l1_gauge(a, 3); }
+static double g_l1_total(void *a) { return l1_gauge(a, 4); }
+
+static void register_l1_metrics(struct engine *e) {
+    struct engine_l1_metrics *m = &e->l1m;
+    static const char *const SALT[] = {"cache_salt", NULL};
+    static const char *const DURING[] = {"during", NULL};
+    pthread_mutex_init(&m->lock, NULL);
+    m->read = metrics_counter(e->metrics, "lmcache_mp_l1_read_chunks_total", "Chunks read from L1.",
+                              SALT);
+    m->write = metrics_counter(e->metrics, "lmcache_mp_l1_write_chunks_total",
+                               "Chunks written to L1.", SALT);
+    m->evicted = metrics_counter(e->metrics, "lmcache_mp_l1_evicted_chunks_total",
+                                 "Chunks evicted from L1.", SALT);
+    m->alloc_fail =
+        metrics_counter(e->metrics, "lmcache_mp_l1_allocation_failure_total",
+                        "L1 allocations that failed with nothing left to evict.", DURING);
+    m->ticks = metrics_counter(e->metrics, "lmcache_mp_l1_eviction_loop_ticks_total",
+                               "Passes of the L1 background evictor.", NULL);
+    m->triggered = metrics_counter(e->metrics, "lmcache_mp_l1_eviction_loop_triggered_total",
+                                   "Evictor passes that found L1 above its watermark.", NULL);
+    /* Series that exist from the start, so dashboards see zeros rather than gaps. */
+    static const char *const STORE[] = {"l1_store"};
+    metric_labels(m->alloc_fail, STORE);
+    metric_series(m->ticks);
+    metric_series(m->triggered);
+    metrics_gauge_fn(e->metrics, "lmcache_mp_l1_memory_usage_bytes", "L1 bytes in use.", g_l1_used,
+                     e);
+    metrics_gauge_fn(e->metrics, "lmcache_mp_l1_memory_total_bytes", "L1 capacity in bytes.",
+                     g_l1_total, e);
+    metrics_gauge_fn(e->metrics, "lmcache_mp_l1_usage_ratio", "L1 bytes in use / capacity (0-1).",
+                     g_l1_ratio, e);
+    metrics_gauge_fn(e->metrics, "lmcache_mp_l1_staging_bytes",
+                     "L1 bytes held by objects being written.", g_l1_staging, e);
+    metrics_gauge_fn(e->metrics, "lmcache_mp_l1_objects", "Objects resident in L1.", g_l1_objects,
+                     e);
+}
+
 int engine_start(struct engine *e, char *errbuf, size_t errlen) {
-    (void)errbuf;
-    (void)errlen;
+    const struct server_config *c = e->cfg;
+    e->quota = quota_create();
+    if (!e->quota) {
+        snprintf(errbuf, errlen, "out of memory");
+        return -1;
+    }
+    struct l1_config lc = {0};
+    lc.size_bytes = (uint64_t)(c->l1_size_gb * (double)(1ULL << 30));
+    lc.use_hugepages = c->l1_use_hugepages;
+    lc.policy =
+        strcmp(c->eviction_policy, "IsolatedLRU") == 0 ? L1_POLICY_ISOLATED_LRU : L1_POLICY_LRU;
+    lc.trigger_watermark = c->eviction_trigger_watermark;
+    lc.read_ttl_ns = (uint64_t)(c->l1_read_ttl_seconds * 1e9);
+    lc.write_ttl_ns = (uint64_t)(c->l1_write_ttl_seconds * 1e9);
+    lc.touch_interval_ns = 100 * 1000 * 1000ULL; /* lazy LRU: 100 ms */
+    lc.quota = e->quota;
+    char err[256];
+    if (l1_create(&lc, &e->l1, err, sizeof(err)) < 0) {
+        snprintf(errbuf, errlen, "L1: %s", err);
+        return -1;
+    }
+    register_l1_metrics(e);
+    if (periodic_start(e->periodic, "l1-evictor", PERIODIC_HIGH, 0.1, l1_evictor_tick, e, err,
+                       sizeof(err)) < 0) {
+        snprintf(errbuf, errlen, "l1-evictor: %s", err);
+        return -1;
+    }
     atomic_store(&e->ready, 1);
     return 0;
 }
+
+size_t engine_clear_l1(struct engine *e) { return l1_clear(e->l1, true, clock_mono_ns()); }
+
+uint64_t engine_salt_usage_bytes(struct engine *e, const char *salt) {
+    return l1_salt_usage_bytes(e->l1, salt);
+}
+
+void engine_quota_changed(struct engine *e) { l1_quota_changed(e->l1); }
 
 int engine_is_ready(const struct engine *e) { return e && atomic_load(&e->ready); }
 
 void engine_destroy(struct engine *e) {
     atomic_store(&e->ready, 0);
+    /* Background jobs stop before the caches they use are freed. */
     periodic_registry_free(e->periodic);
+    if (e->l1) l1_destroy(e->l1);
+    if (e->quota) quota_destroy(e->quota);
+    free(e->l1m.last);
     metrics_free(e->metrics);
     e->periodic = NULL;
     e->metrics = NULL;
     e->magic = 0;
 }
 
-void engine_refresh_metrics(struct engine *e) { (void)e; }
+static void add_delta(struct metric_family *f, const char *const *labels, uint64_t now,
+                      uint64_t *last) {
+    if (now > *last) metrics_add(f, labels, (double)(now - *last));
+    *last = now;
+}
+
+static void refresh_salt(const char *salt, const struct l1_salt_stats *st, void *arg) {
+    struct engine_l1_metrics *m = arg;
+    size_t i = m->seen++;
+    if (i >= m->cap) {
+        uint64_t(*grown)[3] = realloc(m->last, (i + 1) * sizeof(*m->last));
+        if (!grown) return;
+        memset(grown[m->cap], 0, (i + 1 - m->cap) * sizeof(*grown));
+        m->last = grown;
+        m->cap = i + 1;
+    }
+    const char *labels[] = {salt};
+    add_delta(m->read, labels, st->read_chunks, &m->last[i][0]);
+    add_delta(m->write, labels, st->write_chunks, &m->last[i][1]);
+    add_delta(m->evicted, labels, st->evicted_chunks, &m->last[i][2]);
+}
+
+/* L1 keeps monotonic counters; the registry's counters get the increase since the last
+ * refresh, so POST /metrics/reset zeroes them without touching L1. */
+void engine_refresh_metrics(struct engine *e) {
+    if (!engine_is_ready(e)) return;
+    struct engine_l1_metrics *m = &e->l1m;
+    struct l1_stats st;
+    l1_get_stats(e->l1, clock_mono_ns(), &st);
+    pthread_mutex_lock(&m->lock);
+    m->snap = st;
+    static const char *const STORE[] = {"l1_store"};
+    add_delta(m->alloc_fail, STORE, st.alloc_failures, &m->last_alloc_fail);
+    add_delta(m->ticks, NULL, st.eviction_ticks, &m->last_ticks);
+    add_delta(m->triggered, NULL, st.eviction_triggered, &m->last_triggered);
+    m->seen = 0;
+    l1_salt_foreach(e->l1, refresh_salt, m);
+    pthread_mutex_unlock(&m->lock);
+}
+
+static json_t *l1_status(struct engine *e) {
+    struct l1_stats st;
+    l1_get_stats(e->l1, clock_mono_ns(), &st);
+    return json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b}", "policy",
+        e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "staging_objects",
+        (json_int_t)st.staging_objects, "temporary_objects", (json_int_t)st.temporary_objects,
+        "locked_objects", (json_int_t)st.locked_objects, "read_locked_objects",
+        (json_int_t)st.read_locked_objects, "write_locked_objects",
+        (json_int_t)st.write_locked_objects, "bytes_used", (json_int_t)st.bytes_used, "bytes_total",
+        (json_int_t)st.bytes_total, "staging_bytes", (json_int_t)st.staging_bytes, "usage_ratio",
+        st.usage_ratio, "hugepages", st.hugetlb);
+}
 
 json_t *engine_status(struct engine *e) {
     const struct server_config *c = e->cfg;
-    json_t *sm = json_pack("{s:b}", "is_healthy", 1);
+    json_t *sm = json_pack("{s:b, s:o, s:[]}", "is_healthy", 1, "l1", l1_status(e), "l2");
     return json_pack("{s:b, s:s, s:s, s:i, s:s, s:i, s:[], s:{}, s:i, s:o}", "is_healthy", 1,
                      "engine_type", "MPCacheServer", "instance_id", e->instance_id, "chunk_size",
                      (int)c->chunk_size, "hash_algorithm", c->hash_algorithm, "active_sessions", 0,

@@ -5,15 +5,30 @@
 #define LMCACHE_SERVER_ENGINE_H
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 
 #include "base/check.h"
 #include "server/config.h"
+#include "server/l1/l1.h"
 
 #define ENGINE_MAGIC 0x4c4d4345u /* "LMCE" */
 
 struct metrics;
+struct metric_family;
 struct periodic_registry;
+
+/* Mirrors of L1's monotonic counters into the metrics registry (see engine_refresh_metrics). */
+struct engine_l1_metrics {
+    pthread_mutex_t lock;
+    struct metric_family *read, *write, *evicted, *alloc_fail, *ticks, *triggered;
+    uint64_t last_alloc_fail, last_ticks, last_triggered;
+    /* per salt, in L1's salt-id order (ids are stable): last read/write/evicted seen */
+    size_t seen, cap;
+    uint64_t (*last)[3];
+    struct l1_stats snap; /* taken at the last refresh, read by the gauges */
+};
 
 struct engine {
     unsigned magic;
@@ -24,6 +39,9 @@ struct engine {
     double start_time; /* wall clock */
     struct metrics *metrics;
     struct periodic_registry *periodic;
+    struct quota *quota; /* per-cache_salt limits (IsolatedLRU) */
+    struct l1 *l1;       /* set before ready, never changes after */
+    struct engine_l1_metrics l1m;
 };
 
 #define ENGINE_CHECK(e) CHECK((e) && (e)->magic == ENGINE_MAGIC)
@@ -36,6 +54,13 @@ int engine_start(struct engine *e, char *errbuf, size_t errlen);
 int engine_is_ready(const struct engine *e);
 /* Stops background jobs and releases everything. */
 void engine_destroy(struct engine *e);
+
+/* POST /cache/clear for L1: frees every object, locks ignored. Returns objects freed. */
+size_t engine_clear_l1(struct engine *e);
+/* Bytes of one cache_salt over every tier ("" = the empty salt). */
+uint64_t engine_salt_usage_bytes(struct engine *e, const char *salt);
+/* Tells the tiers that the quota table changed (after PUT/DELETE /quota). */
+void engine_quota_changed(struct engine *e);
 
 /* GET /status body (a new reference). */
 json_t *engine_status(struct engine *e);

@@ -48,6 +48,8 @@ struct http_route {
 extern const struct http_route INFO_ROUTES[];
 extern const struct http_route OBS_ROUTES[];
 extern const struct http_route DIAG_ROUTES[];
+extern const struct http_route CACHE_ROUTES[];
+extern const struct http_route QUOTA_ROUTES[];
 
 /* Query parameter (decoded) or NULL. */
 const char *http_query(const struct http_req *req, const char *name);
