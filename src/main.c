@@ -7,6 +7,9 @@
 #ifdef LMCACHE_HAVE_MASTER
 #include "master/master.h"
 #endif
+#ifdef LMCACHE_HAVE_BENCH
+#include "bench/bench.h"
+#endif
 
 static int version_main(int argc, char **argv) {
     (void)argc;
@@ -23,6 +26,9 @@ static const struct subcommand {
     {"server", server_main, "run the KV cache daemon (ZMQ data socket + HTTP admin API)"},
 #ifdef LMCACHE_HAVE_MASTER
     {"master", master_main, "run the UMBP-compatible cluster master (gRPC)"},
+#endif
+#ifdef LMCACHE_HAVE_BENCH
+    {"bench", bench_main, "run a benchmark (lmcache bench --help lists them)"},
 #endif
     {"version", version_main, "print the version and the commit id"},
 };

@@ -692,12 +692,18 @@ static void do_take_read(struct l1 *l1, struct l1_entry *e, uint32_t n, uint64_t
     r += n;
     e->readers = (uint16_t)(r > MAX_READERS ? MAX_READERS : r);
     e->deadline = now + l1->cfg.read_ttl_ns;
-    cnt_add(&l1->read_chunks, 1);
-    cnt_add(&l1->salts[e->key.salt_id].read_chunks, 1);
 }
 
-int l1_reserve_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t now,
-                    struct l1_ref *out) {
+/* Read counters are bumped once per call, not per key: shared atomics are the one thing two
+ * lookups on different stripes would otherwise contend on. */
+static void count_reads(struct l1 *l1, uint16_t salt_id, uint64_t n) {
+    if (!n) return;
+    cnt_add(&l1->read_chunks, n);
+    cnt_add(&l1->salts[salt_id].read_chunks, n);
+}
+
+static int reserve_read_one(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t now,
+                            struct l1_ref *out) {
     CHECK_L1(l1);
     uint64_t h = key_hash(key);
     struct stripe *s = stripe_of(l1, h);
@@ -713,10 +719,18 @@ int l1_reserve_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_
     return rc;
 }
 
+int l1_reserve_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t now,
+                    struct l1_ref *out) {
+    int rc = reserve_read_one(l1, key, n, now, out);
+    if (rc == L1_OK) count_reads(l1, key->salt_id, 1);
+    return rc;
+}
+
 size_t l1_reserve_read_prefix(struct l1 *l1, const struct l1_key *keys, size_t count, uint32_t n,
                               uint64_t now) {
     size_t i = 0;
-    while (i < count && l1_reserve_read(l1, &keys[i], n, now, NULL) == L1_OK) i++;
+    while (i < count && reserve_read_one(l1, &keys[i], n, now, NULL) == L1_OK) i++;
+    if (i) count_reads(l1, keys[0].salt_id, i);
     return i;
 }
 

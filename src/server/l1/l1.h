@@ -159,7 +159,8 @@ int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token);
  *   for all holders); *out (may be NULL) tells where the bytes are. L1_ERR_NOT_FOUND for absent
  *   or staging keys.
  * l1_reserve_read_prefix: reserve_read on keys[0..count) until the first miss; returns the
- *   number of leading hits, each holding n locks (a lookup of one prompt).
+ *   number of leading hits, each holding n locks (a lookup of one prompt; the hits are counted
+ *   as reads of keys[0]'s salt).
  * l1_read_locked: the bytes of a key that currently holds a live read lock, without taking one
  *   (the retrieve after a lookup). L1_ERR_NOT_READABLE when no live read lock is held.
  * l1_finish_read: releases n locks (extra releases and releases after the lease expired are

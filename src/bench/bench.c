@@ -1,0 +1,32 @@
+/* `lmcache bench`: one row per benchmark. */
+#include "bench/bench.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*main)(int argc, char **argv);
+    const char *summary;
+} BENCHES[] = {
+    {"l1", bench_l1_main, "L1 allocator ops/s, 128-chunk lookups on 1 and 2 threads, metadata"},
+};
+#define NBENCH (sizeof(BENCHES) / sizeof(BENCHES[0]))
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: lmcache bench <name> [options]\n\nbenchmarks:\n");
+    for (size_t i = 0; i < NBENCH; i++)
+        fprintf(f, "  %-8s %s\n", BENCHES[i].name, BENCHES[i].summary);
+}
+
+int bench_main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < NBENCH; i++)
+        if (strcmp(argv[1], BENCHES[i].name) == 0) return BENCHES[i].main(argc - 1, argv + 1);
+    fprintf(stderr, "lmcache bench: unknown benchmark '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

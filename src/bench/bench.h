@@ -1,0 +1,10 @@
+/* `lmcache bench ...`: load generators and micro-benchmarks. */
+#ifndef LMCACHE_BENCH_BENCH_H
+#define LMCACHE_BENCH_BENCH_H
+
+/* Dispatches `lmcache bench <name> [options]`. */
+int bench_main(int argc, char **argv);
+/* `lmcache bench l1`: allocator, key-table lookup and metadata figures of L1. */
+int bench_l1_main(int argc, char **argv);
+
+#endif
