@@ -33,6 +33,16 @@ enum opt_type {
       "Tokens per cached chunk")                                                                   \
     X(max_workers, "max-workers", OPT_INT, "mp", "1", 1, 256, NULL, 0,                             \
       "Worker threads of the data plane")                                                          \
+    X(max_message_mb, "max-message-mb", OPT_INT, "mp", "1024", 1, 65536, NULL, 0,                  \
+      "Largest data-plane request payload in MiB")                                                 \
+    X(worker_reap_timeout_seconds, "worker-reap-timeout-seconds", OPT_FLOAT, "mp", "120", 0, 1e9,  \
+      NULL, 0, "Drop KV registrations of pinged engines silent this long (0 disables)")            \
+    X(worker_registration_grace_seconds, "worker-registration-grace-seconds", OPT_FLOAT, "mp",     \
+      "3600", 0, 1e9, NULL, 0, "Same for engines that never pinged")                               \
+    X(session_ttl_seconds, "session-ttl-seconds", OPT_FLOAT, "mp", "600", 1, 1e9, NULL, 0,         \
+      "Lookup sessions never ended are dropped (and their locks released) after this long")        \
+    X(hash_seed, "hash-seed", OPT_STR, "mp", "", 0, -1, NULL, 0,                                   \
+      "Seed string of the chunk-hash chain (empty: the built-in lmcache-chunk-hash-v1)")           \
     X(hash_algorithm, "hash-algorithm", OPT_ENUM, "mp", "sha256", 0, -1, "sha256", 0,              \
       "Chunk hash of the token prefix chain")                                                      \
     X(instance_id, "instance-id", OPT_STR, "mp", "", 0, -1, NULL, 0,                               \

@@ -14,6 +14,8 @@
 #include "base/metrics.h"
 #include "base/periodic.h"
 #include "base/version.h"
+#include "server/dataplane/dataplane.h"
+#include "server/keys.h"
 #include "server/l1/l1.h"
 
 static void random_uuid(char *out, size_t len) {
@@ -52,6 +54,13 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *errbu
         return -1;
     }
     metrics_register_process(e->metrics);
+    e->lg_dp = log_get("lmcache.zmq");
+    if (cfg->hash_seed && *cfg->hash_seed)
+        keys_seed_from_string(cfg->hash_seed, e->seed);
+    else
+        keys_default_seed(e->seed);
+    kvreg_init(&e->contexts);
+    session_table_init(&e->sessions);
     static const char *const INFO_LABELS[] = {"version", "commit", "instance_id", NULL};
     const char *info[] = {version_lmc(), version_commit(), e->instance_id};
     metric_set(
@@ -133,6 +142,95 @@ static void register_l1_metrics(struct engine *e) {
                      e);
 }
 
+static double g_sessions(void *a) {
+    size_t s, j;
+    session_counts(&((struct engine *)a)->sessions, &s, &j);
+    return (double)s;
+}
+
+static double g_jobs(void *a) {
+    size_t s, j;
+    session_counts(&((struct engine *)a)->sessions, &s, &j);
+    return (double)j;
+}
+
+static double g_contexts(void *a) {
+    struct engine *e = a;
+    pthread_mutex_lock(&e->contexts.lock);
+    double n = (double)e->contexts.count;
+    pthread_mutex_unlock(&e->contexts.lock);
+    return n;
+}
+
+static void register_dp_metrics(struct engine *e) {
+    struct engine_dp_metrics *m = &e->dpm;
+    struct metrics *r = e->metrics;
+    static const char *const OPRES[] = {"operation", "result", NULL};
+    static const char *const OP[] = {"operation", NULL};
+    static const char *const MS[] = {"model_name", "cache_salt", NULL};
+    static const char *const MODEL[] = {"model_name", NULL};
+    static const double GBPS[] = {0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64};
+    m->requests = metrics_counter(r, "lmcache_mp_dataplane_requests_total",
+                                  "Data-plane requests by operation and result.", OPRES);
+    m->duration = metrics_histogram(r, "lmcache_mp_dataplane_request_duration_seconds",
+                                    "Data-plane request handling time.", OP,
+                                    METRICS_LATENCY_BUCKETS, METRICS_LATENCY_NBUCKETS);
+    m->lookups = metrics_counter(r, "lmcache_mp_lookups_requests_total", "Lookup requests.", MS);
+    m->lookup_requested = metrics_counter(r, "lmcache_mp_lookup_requested_tokens_total",
+                                          "Tokens asked for by lookups.", MS);
+    m->lookup_hit =
+        metrics_counter(r, "lmcache_mp_lookup_hit_tokens_total", "Tokens found by lookups.", MS);
+    m->store_gbps = metrics_histogram(r, "lmcache_mp_l0_l1_store_throughput_GB_per_second",
+                                      "Engine-to-L1 store throughput per request.", MODEL, GBPS,
+                                      sizeof(GBPS) / sizeof(GBPS[0]));
+    m->load_gbps = metrics_histogram(r, "lmcache_mp_l0_l1_load_throughput_GB_per_second",
+                                     "L1-to-engine load throughput per request.", MODEL, GBPS,
+                                     sizeof(GBPS) / sizeof(GBPS[0]));
+    m->stores_submitted = metric_series(metrics_counter(r, "lmcache_mp_num_submitted_stores_total",
+                                                        "Store requests received.", NULL));
+    m->stores_finished = metric_series(metrics_counter(r, "lmcache_mp_num_finished_stores_total",
+                                                       "Store requests completed.", NULL));
+    m->retrieves_submitted = metric_series(metrics_counter(
+        r, "lmcache_mp_num_submitted_retrieves_total", "Retrieve requests received.", NULL));
+    m->retrieves_finished = metric_series(metrics_counter(
+        r, "lmcache_mp_num_finished_retrieves_total", "Retrieve requests completed.", NULL));
+    metrics_gauge_fn(r, "lmcache_mp_active_prefetch_jobs", "Lookup jobs not yet reported.", g_jobs,
+                     e);
+    metrics_gauge_fn(r, "lmcache_mp_active_sessions", "Open lookup sessions.", g_sessions, e);
+    metrics_gauge_fn(r, "lmcache_mp_registered_kv_caches", "Registered engine KV caches.",
+                     g_contexts, e);
+}
+
+/* `worker-reaper`: drops registrations of engines that went silent. */
+static int reaper_tick(void *arg, json_t **summary) {
+    struct engine *e = arg;
+    const struct server_config *c = e->cfg;
+    size_t n = 0;
+    if (c->worker_reap_timeout_seconds > 0)
+        n = kvreg_reap(&e->contexts, clock_mono_ns(),
+                       (uint64_t)(c->worker_reap_timeout_seconds * 1e9),
+                       (uint64_t)(c->worker_registration_grace_seconds * 1e9));
+    if (n) log_warn(e->lg_dp, "worker-reaper: dropped %zu silent KV registrations", n);
+    *summary = json_pack("{s:I}", "reaped", (json_int_t)n);
+    return 0;
+}
+
+/* `session-cleanup`: ends sessions nobody ended, releasing their read locks. */
+static int session_cleanup_tick(void *arg, json_t **summary) {
+    struct engine *e = arg;
+    uint64_t now = clock_mono_ns(), ttl = (uint64_t)(e->cfg->session_ttl_seconds * 1e9);
+    struct session *s = now > ttl ? session_expire(&e->sessions, now - ttl) : NULL;
+    size_t n = 0;
+    while (s) {
+        struct session *next = s->next;
+        dataplane_session_release(e, s, 0);
+        n++;
+        s = next;
+    }
+    *summary = json_pack("{s:I}", "expired", (json_int_t)n);
+    return 0;
+}
+
 int engine_start(struct engine *e, char *errbuf, size_t errlen) {
     const struct server_config *c = e->cfg;
     e->quota = quota_create();
@@ -161,6 +259,22 @@ int engine_start(struct engine *e, char *errbuf, size_t errlen) {
         snprintf(errbuf, errlen, "l1-evictor: %s", err);
         return -1;
     }
+    register_dp_metrics(e);
+    double reap_every =
+        c->worker_reap_timeout_seconds > 0 ? c->worker_reap_timeout_seconds / 4 : 30;
+    if (periodic_start(e->periodic, "worker-reaper", PERIODIC_MEDIUM, reap_every, reaper_tick, e,
+                       err, sizeof(err)) < 0 ||
+        periodic_start(e->periodic, "session-cleanup", PERIODIC_MEDIUM, 10, session_cleanup_tick, e,
+                       err, sizeof(err)) < 0) {
+        snprintf(errbuf, errlen, "periodic thread: %s", err);
+        return -1;
+    }
+    e->dp = dataplane_start(e, c->host, (int)c->port, (int)c->max_workers,
+                            (size_t)c->max_message_mb << 20, err, sizeof(err));
+    if (!e->dp) {
+        snprintf(errbuf, errlen, "data socket: %s", err);
+        return -1;
+    }
     atomic_store(&e->ready, 1);
     return 0;
 }
@@ -177,8 +291,20 @@ int engine_is_ready(const struct engine *e) { return e && atomic_load(&e->ready)
 
 void engine_destroy(struct engine *e) {
     atomic_store(&e->ready, 0);
-    /* Background jobs stop before the caches they use are freed. */
+    /* Front end first, then background jobs, then what they use. */
+    dataplane_stop(e->dp);
+    e->dp = NULL;
     periodic_registry_free(e->periodic);
+    if (e->l1) {
+        struct session *s = session_table_drain(&e->sessions);
+        while (s) {
+            struct session *n = s->next;
+            dataplane_session_release(e, s, 0);
+            s = n;
+        }
+    }
+    session_table_destroy(&e->sessions);
+    kvreg_destroy(&e->contexts);
     if (e->l1) l1_destroy(e->l1);
     if (e->quota) quota_destroy(e->quota);
     free(e->l1m.last);
@@ -245,11 +371,14 @@ static json_t *l1_status(struct engine *e) {
 json_t *engine_status(struct engine *e) {
     const struct server_config *c = e->cfg;
     json_t *sm = json_pack("{s:b, s:o, s:[]}", "is_healthy", 1, "l1", l1_status(e), "l2");
-    return json_pack("{s:b, s:s, s:s, s:i, s:s, s:i, s:[], s:{}, s:i, s:o}", "is_healthy", 1,
+    size_t sessions = 0, jobs = 0;
+    session_counts(&e->sessions, &sessions, &jobs);
+    return json_pack("{s:b, s:s, s:s, s:i, s:s, s:I, s:o, s:o, s:I, s:o}", "is_healthy", 1,
                      "engine_type", "MPCacheServer", "instance_id", e->instance_id, "chunk_size",
-                     (int)c->chunk_size, "hash_algorithm", c->hash_algorithm, "active_sessions", 0,
-                     "registered_gpu_ids", "cache_context_meta", "active_prefetch_jobs", 0,
-                     "storage_manager", sm);
+                     (int)c->chunk_size, "hash_algorithm", c->hash_algorithm, "active_sessions",
+                     (json_int_t)sessions, "registered_gpu_ids", kvreg_ids(&e->contexts),
+                     "cache_context_meta", kvreg_meta(&e->contexts), "active_prefetch_jobs",
+                     (json_int_t)jobs, "storage_manager", sm);
 }
 
 json_t *engine_adapters(struct engine *e) {

@@ -11,13 +11,26 @@
 
 #include "base/check.h"
 #include "server/config.h"
+#include "server/dataplane/context.h"
 #include "server/l1/l1.h"
+#include "server/session.h"
 
 #define ENGINE_MAGIC 0x4c4d4345u /* "LMCE" */
 
 struct metrics;
 struct metric_family;
 struct periodic_registry;
+
+struct metric;
+struct logger;
+struct dataplane;
+
+/* Data-plane metrics (names from the LMCache MP server's catalogue). */
+struct engine_dp_metrics {
+    struct metric_family *requests, *duration, *lookups, *lookup_requested, *lookup_hit;
+    struct metric_family *store_gbps, *load_gbps;
+    struct metric *stores_submitted, *stores_finished, *retrieves_submitted, *retrieves_finished;
+};
 
 /* Mirrors of L1's monotonic counters into the metrics registry (see engine_refresh_metrics). */
 struct engine_l1_metrics {
@@ -42,6 +55,13 @@ struct engine {
     struct quota *quota; /* per-cache_salt limits (IsolatedLRU) */
     struct l1 *l1;       /* set before ready, never changes after */
     struct engine_l1_metrics l1m;
+    /* data plane */
+    uint8_t seed[32]; /* chunk-hash chain seed */
+    struct kv_registry contexts;
+    struct session_table sessions;
+    struct dataplane *dp;
+    struct engine_dp_metrics dpm;
+    struct logger *lg_dp;
 };
 
 #define ENGINE_CHECK(e) CHECK((e) && (e)->magic == ENGINE_MAGIC)
@@ -54,6 +74,9 @@ int engine_start(struct engine *e, char *errbuf, size_t errlen);
 int engine_is_ready(const struct engine *e);
 /* Stops background jobs and releases everything. */
 void engine_destroy(struct engine *e);
+
+/* Releases a lookup session's remaining locks (touching its objects when touch) and frees it. */
+void dataplane_session_release(struct engine *e, struct session *s, int touch);
 
 /* POST /cache/clear for L1: frees every object, locks ignored. Returns objects freed. */
 size_t engine_clear_l1(struct engine *e);

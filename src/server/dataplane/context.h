@@ -1,0 +1,88 @@
+/* Registered KV contexts: an engine's paged KV cache in a named shared-memory object, its
+ * layout, and the gather/scatter copies between engine blocks and L1 objects. */
+#ifndef LMCACHE_DATAPLANE_CONTEXT_H
+#define LMCACHE_DATAPLANE_CONTEXT_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum kv_block_order { KV_LAYER_MAJOR = 0, KV_BLOCK_MAJOR = 1 };
+
+struct kv_layout {
+    uint32_t num_layers;
+    uint32_t num_blocks;
+    uint32_t tokens_per_block;
+    uint64_t bytes_per_token; /* of K (or V) for one token of one layer */
+    uint32_t kv_count;        /* 2, or 1 for MLA */
+    enum kv_block_order order;
+    char dtype[32];
+};
+
+struct kv_context {
+    int64_t instance_id;
+    char model_name[257];
+    uint32_t world_size, worker_id, kv_rank;
+    char shm_name[256];
+    struct kv_layout layout;
+    unsigned char *base; /* the mapping */
+    size_t map_size;
+    _Atomic int refs;              /* the registry's reference + one per operation in flight */
+    _Atomic uint64_t last_seen_ns; /* liveness: register, ping, store, retrieve */
+    int pinged;                    /* ever pinged (reaping uses the longer grace otherwise) */
+    struct kv_context *next;
+};
+
+struct kv_registry {
+    pthread_mutex_t lock;
+    struct kv_context *head;
+    size_t count;
+};
+
+void kvreg_init(struct kv_registry *r);
+void kvreg_destroy(struct kv_registry *r);
+
+/* Validates the layout (chunk_size a multiple of tokens_per_block, sizes that do not
+ * overflow); 0 or -1 with a message. */
+int kv_layout_check(const struct kv_layout *l, uint32_t chunk_size, char *err, size_t errlen);
+/* Bytes the shared-memory object must hold. */
+uint64_t kv_layout_bytes(const struct kv_layout *l);
+/* Bytes of one L1 object (one chunk): kv_count * layers * chunk_size * bytes_per_token. */
+uint64_t kv_object_bytes(const struct kv_layout *l, uint32_t chunk_size);
+
+/* Registers (or refreshes, or replaces) instance c->instance_id: opens and maps c->shm_name.
+ * On success the registry owns a copy. Returns 0, or -1 with a message (shm_error). */
+int kvreg_register(struct kv_registry *r, const struct kv_context *c, uint64_t now_ns, char *err,
+                   size_t errlen);
+/* Returns 0, or -1 when unknown. */
+int kvreg_unregister(struct kv_registry *r, int64_t instance_id);
+/* Takes a reference on a registered context (NULL when unknown) and refreshes its liveness. */
+struct kv_context *kvreg_get(struct kv_registry *r, int64_t instance_id, uint64_t now_ns);
+void kvreg_put(struct kv_context *c);
+/* ping: refreshes liveness; 0, or -1 when unknown. */
+int kvreg_ping(struct kv_registry *r, int64_t instance_id, uint64_t now_ns);
+/* Drops registrations silent for longer than timeout_ns (grace_ns if never pinged). Returns
+ * how many were dropped. */
+size_t kvreg_reap(struct kv_registry *r, uint64_t now_ns, uint64_t timeout_ns, uint64_t grace_ns);
+/* /status: registered instance ids, and per instance its meta. */
+json_t *kvreg_ids(struct kv_registry *r);
+json_t *kvreg_meta(struct kv_registry *r);
+/* First registered layout for (model_name, world_size); 0 when found. */
+int kvreg_find_layout(struct kv_registry *r, const char *model, uint32_t world_size,
+                      struct kv_layout *out);
+
+/* Gather: copies the blocks of one chunk (block_ids[0..chunk_size/tokens_per_block)) into obj
+ * in the L1 layout [K|V][layer][token][bytes]. */
+void kv_gather(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+               unsigned char *obj);
+/* Scatter: the reverse; tokens of the chunk whose index within the chunk is below skip_tokens
+ * are not written. */
+void kv_scatter(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                const unsigned char *obj, uint32_t skip_tokens);
+/* Pointer to (layer, kv, block) in the engine cache. */
+unsigned char *kv_block_ptr(const struct kv_context *c, uint32_t layer, uint32_t kv,
+                            uint32_t block);
+
+#endif

@@ -1,0 +1,382 @@
+/* The data socket. One loop thread owns the ROUTER socket (ZMQ sockets are not thread-safe):
+ * it receives [identity][request id][operation][payload], hands the request to the worker
+ * chosen by the identity (so one client's requests run in order), and sends the replies the
+ * workers queue, woken by an eventfd. */
+#include "server/dataplane/dataplane.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "base/log.h"
+#include "server/dataplane/wire.h"
+#include "server/engine.h"
+
+#define MAX_RID 64
+
+struct dp_req {
+    zmq_msg_t id, rid, op, payload;
+    struct dp_req *next;
+};
+
+struct dp_out {
+    zmq_msg_t id, rid, op;
+    char *body;
+    size_t len;
+    struct dp_out *next;
+};
+
+struct worker {
+    struct dataplane *dp;
+    pthread_t tid;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct dp_req *head, *tail;
+    int stop;
+};
+
+struct dataplane {
+    struct engine *e;
+    void *zctx, *sock;
+    int efd;
+    size_t max_msg;
+    pthread_t loop;
+    _Atomic int stop;
+    _Atomic int draining; /* no new requests are read once set */
+    int nworkers;
+    struct worker *workers;
+    pthread_mutex_t out_lock;
+    struct dp_out *out_head, *out_tail;
+    struct logger *lg;
+};
+
+/* Replaces a frame by an empty one (for an unusable request id). */
+static void msg_clear(zmq_msg_t *m) {
+    zmq_msg_close(m);
+    zmq_msg_init(m);
+}
+
+static void free_body(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+/* Queues a reply for the loop thread. Takes ownership of the frames in req (closing payload). */
+static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, size_t len) {
+    struct dp_out *o = calloc(1, sizeof(*o));
+    if (!o) { /* the client times out; nothing else can be done without memory */
+        free(body);
+        zmq_msg_close(&req->id);
+        zmq_msg_close(&req->rid);
+        zmq_msg_close(&req->op);
+        zmq_msg_close(&req->payload);
+        free(req);
+        return;
+    }
+    zmq_msg_init(&o->id);
+    zmq_msg_init(&o->rid);
+    zmq_msg_init(&o->op);
+    zmq_msg_move(&o->id, &req->id);
+    zmq_msg_move(&o->rid, &req->rid);
+    zmq_msg_move(&o->op, &req->op);
+    zmq_msg_close(&req->id);
+    zmq_msg_close(&req->rid);
+    zmq_msg_close(&req->op);
+    zmq_msg_close(&req->payload);
+    free(req);
+    o->body = body;
+    o->len = len;
+    pthread_mutex_lock(&dp->out_lock);
+    if (dp->out_tail)
+        dp->out_tail->next = o;
+    else
+        dp->out_head = o;
+    dp->out_tail = o;
+    pthread_mutex_unlock(&dp->out_lock);
+    uint64_t one = 1;
+    ssize_t w = write(dp->efd, &one, sizeof(one));
+    (void)w;
+}
+
+/* Runs a request and queues its reply. */
+static void run(struct dataplane *dp, struct dp_req *req) {
+    struct dp_reply r;
+    dp_reply_init(&r);
+    if (zmq_msg_size(&req->payload) > dp->max_msg) {
+        struct dp_err err;
+        dp_fail(&err, DP_TOO_LARGE, "payload of %zu bytes exceeds --max-message-mb",
+                zmq_msg_size(&req->payload));
+        size_t n;
+        dp_finish(&r, 0, &err, &n);
+    } else {
+        dataplane_handle(dp->e, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
+                         zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
+    }
+    size_t len = r.buf.size;
+    char *body = msgpack_sbuffer_release(&r.buf);
+    dp_reply_free(&r);
+    queue_reply(dp, req, body, len);
+}
+
+static void *worker_main(void *arg) {
+    struct worker *w = arg;
+    char name[16];
+    snprintf(name, sizeof(name), "dp-worker-%d", (int)(w - w->dp->workers));
+    pthread_setname_np(pthread_self(), name);
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        while (!w->head && !w->stop) pthread_cond_wait(&w->cond, &w->lock);
+        struct dp_req *req = w->head;
+        if (req) {
+            w->head = req->next;
+            if (!w->head) w->tail = NULL;
+        }
+        int stop = w->stop;
+        pthread_mutex_unlock(&w->lock);
+        if (!req) {
+            if (stop) break;
+            continue;
+        }
+        run(w->dp, req);
+    }
+    return NULL;
+}
+
+static uint32_t hash_bytes(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 16777619u;
+    return h;
+}
+
+static void dispatch(struct dataplane *dp, struct dp_req *req) {
+    struct worker *w =
+        &dp->workers[hash_bytes(zmq_msg_data(&req->id), zmq_msg_size(&req->id)) % dp->nworkers];
+    req->next = NULL;
+    pthread_mutex_lock(&w->lock);
+    if (w->tail)
+        w->tail->next = req;
+    else
+        w->head = req;
+    w->tail = req;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* Replies to a malformed request at once from the loop thread. */
+static void reject(struct dataplane *dp, struct dp_req *req, const char *why) {
+    struct dp_reply r;
+    struct dp_err err;
+    dp_reply_init(&r);
+    dp_fail(&err, DP_BAD_REQUEST, "%s", why);
+    size_t n;
+    dp_finish(&r, 0, &err, &n);
+    size_t len = r.buf.size;
+    char *body = msgpack_sbuffer_release(&r.buf);
+    dp_reply_free(&r);
+    queue_reply(dp, req, body, len);
+}
+
+/* Receives one whole multipart message. */
+static void receive_one(struct dataplane *dp) {
+    struct dp_req *req = calloc(1, sizeof(*req));
+    if (!req) return;
+    zmq_msg_t *slots[4] = {&req->id, &req->rid, &req->op, &req->payload};
+    for (int i = 0; i < 4; i++) zmq_msg_init(slots[i]);
+    int nframes = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, dp->sock, nframes ? 0 : ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            if (nframes == 0) {
+                for (int i = 0; i < 4; i++) zmq_msg_close(slots[i]);
+                free(req);
+                return;
+            }
+            break;
+        }
+        more = zmq_msg_more(&m);
+        if (nframes < 4) zmq_msg_move(slots[nframes], &m);
+        zmq_msg_close(&m);
+        nframes++;
+    }
+    if (nframes != 4 && nframes != 3) {
+        char why[96];
+        snprintf(why, sizeof(why),
+                 "a request has 3 frames (request id, operation, payload), got %d", nframes - 1);
+        if (zmq_msg_size(&req->rid) > MAX_RID) msg_clear(&req->rid);
+        reject(dp, req, why);
+        return;
+    }
+    if (zmq_msg_size(&req->rid) == 0 || zmq_msg_size(&req->rid) > MAX_RID) {
+        msg_clear(&req->rid);
+        reject(dp, req, "the request id must be 1 to 64 bytes");
+        return;
+    }
+    dispatch(dp, req);
+}
+
+static void send_replies(struct dataplane *dp) {
+    uint64_t v;
+    ssize_t r = read(dp->efd, &v, sizeof(v));
+    (void)r;
+    pthread_mutex_lock(&dp->out_lock);
+    struct dp_out *o = dp->out_head;
+    dp->out_head = dp->out_tail = NULL;
+    pthread_mutex_unlock(&dp->out_lock);
+    while (o) {
+        struct dp_out *next = o->next;
+        zmq_msg_t body;
+        if (zmq_msg_init_data(&body, o->body, o->len, free_body, NULL) < 0) free(o->body);
+        /* A vanished peer makes the send fail; the reply is then dropped. */
+        if (zmq_msg_send(&o->id, dp->sock, ZMQ_SNDMORE) >= 0 &&
+            zmq_msg_send(&o->rid, dp->sock, ZMQ_SNDMORE) >= 0 &&
+            zmq_msg_send(&o->op, dp->sock, ZMQ_SNDMORE) >= 0)
+            zmq_msg_send(&body, dp->sock, 0);
+        zmq_msg_close(&body);
+        zmq_msg_close(&o->id);
+        zmq_msg_close(&o->rid);
+        zmq_msg_close(&o->op);
+        free(o);
+        o = next;
+    }
+}
+
+static void *loop_main(void *arg) {
+    struct dataplane *dp = arg;
+    pthread_setname_np(pthread_self(), "dp-loop");
+    zmq_pollitem_t items[2] = {{dp->sock, 0, ZMQ_POLLIN, 0}, {NULL, dp->efd, ZMQ_POLLIN, 0}};
+    while (!atomic_load(&dp->stop)) {
+        int n = zmq_poll(items, 2, 100);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            log_error(dp->lg, "zmq_poll: %s", zmq_strerror(errno));
+            break;
+        }
+        if (items[1].revents & ZMQ_POLLIN) send_replies(dp);
+        if ((items[0].revents & ZMQ_POLLIN) && !atomic_load(&dp->draining))
+            for (int i = 0; i < 64; i++) {
+                int ev = 0;
+                size_t len = sizeof(ev);
+                if (zmq_getsockopt(dp->sock, ZMQ_EVENTS, &ev, &len) < 0 || !(ev & ZMQ_POLLIN))
+                    break;
+                receive_one(dp);
+            }
+    }
+    send_replies(dp);
+    return NULL;
+}
+
+struct dataplane *dataplane_start(struct engine *e, const char *host, int port, int workers,
+                                  size_t max_message_bytes, char *errbuf, size_t errlen) {
+    struct dataplane *dp = calloc(1, sizeof(*dp));
+    if (!dp) {
+        snprintf(errbuf, errlen, "out of memory");
+        return NULL;
+    }
+    dp->e = e;
+    dp->lg = log_get("lmcache.zmq");
+    dp->max_msg = max_message_bytes;
+    dp->nworkers = workers > 0 ? workers : 1;
+    pthread_mutex_init(&dp->out_lock, NULL);
+    dp->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    dp->zctx = zmq_ctx_new();
+    if (dp->efd < 0 || !dp->zctx) {
+        snprintf(errbuf, errlen, "cannot create the ZMQ context");
+        goto fail;
+    }
+    dp->sock = zmq_socket(dp->zctx, ZMQ_ROUTER);
+    int64_t cap = (int64_t)max_message_bytes * 4;
+    int linger = 0;
+    zmq_setsockopt(dp->sock, ZMQ_MAXMSGSIZE, &cap, sizeof(cap));
+    zmq_setsockopt(dp->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    /* libzmq binds interfaces and addresses, not host names: resolve (IPv4 first). */
+    char addr[INET6_ADDRSTRLEN] = "";
+    if (!strcmp(host, "*") || !strcmp(host, "0.0.0.0")) {
+        snprintf(addr, sizeof(addr), "%s", host);
+    } else {
+        struct addrinfo hints = {0}, *res = NULL;
+        hints.ai_family = AF_INET;
+        hints.ai_socktype = SOCK_STREAM;
+        if (getaddrinfo(host, NULL, &hints, &res) != 0) {
+            snprintf(errbuf, errlen, "--host %s: cannot resolve", host);
+            goto fail;
+        }
+        inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, addr, sizeof(addr));
+        freeaddrinfo(res);
+    }
+    char ep[300];
+    snprintf(ep, sizeof(ep), "tcp://%s:%d", addr, port);
+    if (zmq_bind(dp->sock, ep) < 0) {
+        snprintf(errbuf, errlen, "cannot bind %s: %s", ep, zmq_strerror(errno));
+        goto fail;
+    }
+    dp->workers = calloc((size_t)dp->nworkers, sizeof(*dp->workers));
+    if (!dp->workers) {
+        snprintf(errbuf, errlen, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < dp->nworkers; i++) {
+        struct worker *w = &dp->workers[i];
+        w->dp = dp;
+        pthread_mutex_init(&w->lock, NULL);
+        pthread_cond_init(&w->cond, NULL);
+        pthread_create(&w->tid, NULL, worker_main, w);
+    }
+    pthread_create(&dp->loop, NULL, loop_main, dp);
+    log_info(dp->lg, "LMCache ZMQ cache server is running on %s (%d workers)", ep, dp->nworkers);
+    return dp;
+fail:
+    if (dp->sock) zmq_close(dp->sock);
+    if (dp->zctx) zmq_ctx_term(dp->zctx);
+    if (dp->efd >= 0) close(dp->efd);
+    free(dp);
+    return NULL;
+}
+
+void dataplane_stop(struct dataplane *dp) {
+    if (!dp) return;
+    /* Stop reading, let workers finish what they hold, then the loop sends the last replies. */
+    atomic_store(&dp->draining, 1);
+    for (int i = 0; i < dp->nworkers; i++) {
+        struct worker *w = &dp->workers[i];
+        pthread_mutex_lock(&w->lock);
+        w->stop = 1;
+        pthread_cond_signal(&w->cond);
+        pthread_mutex_unlock(&w->lock);
+    }
+    for (int i = 0; i < dp->nworkers; i++) pthread_join(dp->workers[i].tid, NULL);
+    atomic_store(&dp->stop, 1);
+    pthread_join(dp->loop, NULL);
+    /* Replies the loop did not get to. */
+    struct dp_out *o = dp->out_head;
+    while (o) {
+        struct dp_out *n = o->next;
+        zmq_msg_close(&o->id);
+        zmq_msg_close(&o->rid);
+        zmq_msg_close(&o->op);
+        free(o->body);
+        free(o);
+        o = n;
+    }
+    for (int i = 0; i < dp->nworkers; i++) {
+        pthread_mutex_destroy(&dp->workers[i].lock);
+        pthread_cond_destroy(&dp->workers[i].cond);
+    }
+    free(dp->workers);
+    zmq_close(dp->sock);
+    zmq_ctx_term(dp->zctx);
+    close(dp->efd);
+    pthread_mutex_destroy(&dp->out_lock);
+    free(dp);
+}

@@ -1,0 +1,685 @@
+/* The data-plane operations of docs/protocol.md: one table, one handler per operation. A
+ * handler decodes its fields, calls the engine's parts (contexts, sessions, L1), and fills the
+ * reply; on failure it sets err and returns -1 (the reply then carries ok=false, code, message
+ * plus whatever counts the handler already put). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "server/dataplane/context.h"
+#include "server/dataplane/dataplane.h"
+#include "server/dataplane/wire.h"
+#include "server/engine.h"
+#include "server/keys.h"
+#include "server/session.h"
+
+#define MAX_CHUNKS (1u << 20)
+
+struct op_ctx {
+    struct engine *e;
+    const struct dp_map *m;
+    struct dp_reply *r;
+    struct dp_err *err;
+    uint64_t now;
+};
+
+/* ---- chunk fields: token_ids | chunk_hashes, start, end, cache_salt ---- */
+
+struct chunk_range {
+    uint8_t (*hashes)[KEYS_HASH_LEN]; /* hashes[0..end_chunk) */
+    uint8_t *hash_len;                /* per chunk (client hashes may be shorter) */
+    uint32_t start_chunk, end_chunk;  /* [start, end) in chunks */
+    char salt[KEYS_SALT_MAX + 1];
+};
+
+static void range_free(struct chunk_range *cr) {
+    free(cr->hashes);
+    free(cr->hash_len);
+}
+
+static int parse_range(struct op_ctx *o, struct chunk_range *cr) {
+    memset(cr, 0, sizeof(*cr));
+    uint32_t cs = (uint32_t)o->e->cfg->chunk_size;
+    if (dp_cstr(o->m, "cache_salt", 0, cr->salt, sizeof(cr->salt), o->err) < 0) return -1;
+    if (keys_check_cache_salt(cr->salt, strlen(cr->salt), o->err->message,
+                              sizeof(o->err->message)) < 0) {
+        o->err->code = DP_BAD_REQUEST;
+        return -1;
+    }
+    const msgpack_object *hv = dp_get(o->m, "chunk_hashes");
+    uint32_t total = 0;
+    if (hv) {
+        if (hv->type != MSGPACK_OBJECT_ARRAY) {
+            dp_fail(o->err, DP_BAD_REQUEST, "field 'chunk_hashes' must be an array");
+            return -1;
+        }
+        total = hv->via.array.size;
+        if (total > MAX_CHUNKS) {
+            dp_fail(o->err, DP_BAD_REQUEST, "too many chunk hashes");
+            return -1;
+        }
+        cr->hashes = calloc(total ? total : 1, sizeof(*cr->hashes));
+        cr->hash_len = calloc(total ? total : 1, 1);
+        if (!cr->hashes || !cr->hash_len) goto oom;
+        for (uint32_t i = 0; i < total; i++) {
+            const msgpack_object *h = &hv->via.array.ptr[i];
+            const char *p = h->type == MSGPACK_OBJECT_BIN ? h->via.bin.ptr : NULL;
+            uint32_t n = h->type == MSGPACK_OBJECT_BIN ? h->via.bin.size : 0;
+            if (!p || n == 0 || n > KEYS_HASH_LEN) {
+                dp_fail(o->err, DP_BAD_REQUEST, "chunk_hashes[%u] must be bin of 1..32 bytes", i);
+                return -1;
+            }
+            memcpy(cr->hashes[i], p, n);
+            cr->hash_len[i] = (uint8_t)n;
+        }
+    } else {
+        uint32_t *tokens = NULL, ntok = 0;
+        if (dp_u32_array(o->m, "token_ids", 0, &tokens, &ntok, o->err) < 0) return -1;
+        if (!tokens) {
+            dp_fail(o->err, DP_BAD_REQUEST,
+                    "missing required field 'token_ids' (or 'chunk_hashes')");
+            return -1;
+        }
+        total = ntok / cs;
+        cr->hashes = calloc(total ? total : 1, sizeof(*cr->hashes));
+        cr->hash_len = malloc(total ? total : 1);
+        if (!cr->hashes || !cr->hash_len) {
+            free(tokens);
+            goto oom;
+        }
+        long got = keys_prefix_hashes(o->e->seed, tokens, ntok, cs, cr->hashes, total);
+        free(tokens);
+        if (got < 0 || (uint32_t)got != total) {
+            dp_fail(o->err, DP_INTERNAL, "hashing failed");
+            return -1;
+        }
+        memset(cr->hash_len, KEYS_HASH_LEN, total ? total : 1);
+    }
+    int64_t start = 0, end = (int64_t)total * cs;
+    if (dp_int(o->m, "start", 0, 0, INT64_MAX, &start, o->err) < 0) return -1;
+    if (dp_int(o->m, "end", 0, 0, INT64_MAX, &end, o->err) < 0) return -1;
+    if (start % cs) {
+        dp_fail(o->err, DP_BAD_REQUEST, "start %lld is not a multiple of chunk_size %u",
+                (long long)start, cs);
+        return -1;
+    }
+    uint64_t end_chunk = (uint64_t)end / cs;
+    if (end_chunk > total) end_chunk = total;
+    if ((uint64_t)start / cs > end_chunk) {
+        dp_fail(o->err, DP_BAD_REQUEST, "start is beyond end");
+        return -1;
+    }
+    cr->start_chunk = (uint32_t)(start / cs);
+    cr->end_chunk = (uint32_t)end_chunk;
+    return 0;
+oom:
+    dp_fail(o->err, DP_INTERNAL, "out of memory");
+    return -1;
+}
+
+/* The L1 key of chunk c for one rank. */
+static int make_key(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, const char *model,
+                    uint32_t world_size, uint32_t rank, struct l1_key *out) {
+    struct keys_object_key k;
+    memset(&k, 0, sizeof(k));
+    memcpy(k.hash, cr->hashes[c], cr->hash_len[c]);
+    k.hash_len = cr->hash_len[c];
+    if (keys_kv_rank_pack(world_size, rank, &k.kv_rank, o->err->message, sizeof(o->err->message)) <
+        0) {
+        o->err->code = DP_BAD_REQUEST;
+        return -1;
+    }
+    snprintf(k.model_name, sizeof(k.model_name), "%s", model);
+    snprintf(k.cache_salt, sizeof(k.cache_salt), "%s", cr->salt);
+    if (l1_key_make(o->e->l1, &k, out) != L1_OK) {
+        dp_fail(o->err, DP_INTERNAL, "too many distinct model names or cache salts");
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_model(struct op_ctx *o, char *model, size_t cap) {
+    if (dp_cstr(o->m, "model_name", 1, model, cap, o->err) < 0) return -1;
+    if (keys_check_model_name(model, strlen(model), o->err->message, sizeof(o->err->message)) < 0) {
+        o->err->code = DP_BAD_REQUEST;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- registration ---- */
+
+static int op_register(struct op_ctx *o) {
+    struct kv_context c;
+    memset(&c, 0, sizeof(c));
+    int64_t v;
+    if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &c.instance_id, o->err) < 0) return -1;
+    if (parse_model(o, c.model_name, sizeof(c.model_name)) < 0) return -1;
+    v = 1;
+    if (dp_int(o->m, "world_size", 0, 1, 255, &v, o->err) < 0) return -1;
+    c.world_size = (uint32_t)v;
+    v = 0;
+    if (dp_int(o->m, "worker_id", 0, 0, 254, &v, o->err) < 0) return -1;
+    c.worker_id = (uint32_t)v;
+    if (keys_kv_rank_pack(c.world_size, c.worker_id, &c.kv_rank, o->err->message,
+                          sizeof(o->err->message)) < 0) {
+        o->err->code = DP_BAD_REQUEST;
+        return -1;
+    }
+    if (dp_cstr(o->m, "shm_name", 1, c.shm_name, sizeof(c.shm_name), o->err) < 0) return -1;
+    struct kv_layout *l = &c.layout;
+    if (dp_int(o->m, "num_layers", 1, 1, 100000, &v, o->err) < 0) return -1;
+    l->num_layers = (uint32_t)v;
+    if (dp_int(o->m, "num_blocks", 1, 1, UINT32_MAX, &v, o->err) < 0) return -1;
+    l->num_blocks = (uint32_t)v;
+    if (dp_int(o->m, "tokens_per_block", 1, 1, 1 << 20, &v, o->err) < 0) return -1;
+    l->tokens_per_block = (uint32_t)v;
+    if (dp_int(o->m, "bytes_per_token", 1, 1, 1LL << 30, &v, o->err) < 0) return -1;
+    l->bytes_per_token = (uint64_t)v;
+    v = 2;
+    if (dp_int(o->m, "kv_count", 0, 1, 2, &v, o->err) < 0) return -1;
+    l->kv_count = (uint32_t)v;
+    char order[32] = "layer_major";
+    if (dp_cstr(o->m, "block_order", 0, order, sizeof(order), o->err) < 0) return -1;
+    if (!strcmp(order, "layer_major"))
+        l->order = KV_LAYER_MAJOR;
+    else if (!strcmp(order, "block_major"))
+        l->order = KV_BLOCK_MAJOR;
+    else {
+        dp_fail(o->err, DP_BAD_REQUEST, "block_order must be \"layer_major\" or \"block_major\"");
+        return -1;
+    }
+    if (dp_cstr(o->m, "dtype", 0, l->dtype, sizeof(l->dtype), o->err) < 0) return -1;
+    if (kv_layout_check(l, (uint32_t)o->e->cfg->chunk_size, o->err->message,
+                        sizeof(o->err->message)) < 0) {
+        o->err->code = DP_BAD_REQUEST;
+        return -1;
+    }
+    if (kvreg_register(&o->e->contexts, &c, o->now, o->err->message, sizeof(o->err->message)) < 0) {
+        o->err->code = DP_SHM_ERROR;
+        return -1;
+    }
+    log_info(o->e->lg_dp, "registered KV cache of instance %lld (%s, rank %u/%u, shm %s)",
+             (long long)c.instance_id, c.model_name, c.worker_id, c.world_size, c.shm_name);
+    return 0;
+}
+
+static int op_unregister(struct op_ctx *o) {
+    int64_t id;
+    if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &id, o->err) < 0) return -1;
+    if (kvreg_unregister(&o->e->contexts, id) < 0) {
+        dp_fail(o->err, DP_NOT_REGISTERED, "instance_id %lld is not registered", (long long)id);
+        return -1;
+    }
+    return 0;
+}
+
+static struct kv_context *get_context(struct op_ctx *o) {
+    int64_t id;
+    if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &id, o->err) < 0) return NULL;
+    struct kv_context *c = kvreg_get(&o->e->contexts, id, o->now);
+    if (!c) dp_fail(o->err, DP_NOT_REGISTERED, "instance_id %lld is not registered", (long long)id);
+    return c;
+}
+
+/* Validates block_ids for the range: B ids per chunk, each < num_blocks. */
+static int parse_blocks(struct op_ctx *o, const struct kv_context *c, const struct chunk_range *cr,
+                        uint32_t **blocks) {
+    uint32_t n = 0;
+    if (dp_u32_array(o->m, "block_ids", 1, blocks, &n, o->err) < 0) {
+        if (o->err->code && !strcmp(o->err->code, DP_BAD_REQUEST) && dp_get(o->m, "block_ids"))
+            o->err->code = DP_INVALID_BLOCKS;
+        return -1;
+    }
+    uint64_t per = o->e->cfg->chunk_size / c->layout.tokens_per_block;
+    uint64_t need = (uint64_t)(cr->end_chunk - cr->start_chunk) * per;
+    if (n < need) {
+        dp_fail(o->err, DP_INVALID_BLOCKS, "%u block ids for %u chunks, %llu needed", n,
+                cr->end_chunk - cr->start_chunk, (unsigned long long)need);
+        return -1;
+    }
+    for (uint64_t i = 0; i < need; i++)
+        if ((*blocks)[i] >= c->layout.num_blocks) {
+            dp_fail(o->err, DP_INVALID_BLOCKS, "block id %u out of range (num_blocks %u)",
+                    (*blocks)[i], c->layout.num_blocks);
+            return -1;
+        }
+    return 0;
+}
+
+/* ---- store / retrieve through registered shared memory ---- */
+
+static void observe_throughput(struct engine *e, int store, const char *model, uint64_t bytes,
+                               uint64_t t0) {
+    double dt = (double)(clock_mono_ns() - t0) / 1e9;
+    if (bytes == 0 || dt <= 0) return;
+    const char *labels[] = {model};
+    metric_observe(metric_labels(store ? e->dpm.store_gbps : e->dpm.load_gbps, labels),
+                   (double)bytes / dt / 1e9);
+}
+
+static int op_store(struct op_ctx *o) {
+    struct chunk_range cr;
+    uint32_t *blocks = NULL;
+    struct kv_context *c = get_context(o);
+    int rc = -1;
+    if (!c) return -1;
+    metric_inc(o->e->dpm.stores_submitted, 1);
+    if (parse_range(o, &cr) < 0) goto out;
+    if (parse_blocks(o, c, &cr, &blocks) < 0) goto out_range;
+    uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
+    uint64_t size = kv_object_bytes(&c->layout, cs), t0 = clock_mono_ns(), bytes = 0;
+    int64_t stored = 0, skipped = 0;
+    rc = 0;
+    for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
+        struct l1_key key;
+        struct l1_ref ref;
+        if (make_key(o, &cr, ch, c->model_name, c->world_size, c->worker_id, &key) < 0) {
+            rc = -1;
+            break;
+        }
+        int w = l1_reserve_write(o->e->l1, &key, size, false, o->now, &ref);
+        if (w == L1_EXISTS || w == L1_ERR_BUSY) { /* resident, or being written by another */
+            skipped++;
+            continue;
+        }
+        if (w != L1_OK) {
+            dp_fail(o->err, w == L1_ERR_NOMEM ? DP_OUT_OF_MEMORY : DP_INTERNAL, "L1: %s",
+                    l1_strerror(w));
+            rc = -1;
+            break;
+        }
+        kv_gather(c, cs, blocks + (size_t)(ch - cr.start_chunk) * per, ref.data);
+        if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
+            stored++;
+            bytes += size;
+        }
+    }
+    dp_put_int(o->r, "stored_chunks", stored);
+    dp_put_int(o->r, "skipped_chunks", skipped);
+    observe_throughput(o->e, 1, c->model_name, bytes, t0);
+    if (rc == 0) metric_inc(o->e->dpm.stores_finished, 1);
+out_range:
+    range_free(&cr);
+out:
+    free(blocks);
+    kvreg_put(c);
+    return rc;
+}
+
+/* Gets readable bytes of chunk ch for rank: through the session's lock when request_id is set,
+ * else by taking a lock of its own. On success the caller copies then calls l1_finish_read. */
+static int read_chunk(struct op_ctx *o, const char *rid, const struct l1_key *key, uint32_t ch,
+                      uint32_t rank, struct l1_ref *ref) {
+    if (*rid) {
+        struct l1_key held;
+        if (!session_take_lock(&o->e->sessions, rid, ch, rank, &held)) return -1;
+        if (l1_read_locked(o->e->l1, &held, o->now, ref) == L1_OK) return 0;
+        l1_finish_read(o->e->l1, &held, 1, o->now);
+        return -1;
+    }
+    return l1_reserve_read(o->e->l1, key, 1, o->now, ref) == L1_OK ? 0 : -1;
+}
+
+static int op_retrieve(struct op_ctx *o) {
+    struct chunk_range cr;
+    uint32_t *blocks = NULL;
+    char rid[SESSION_ID_MAX + 1] = "";
+    struct kv_context *c = get_context(o);
+    int rc = -1;
+    if (!c) return -1;
+    metric_inc(o->e->dpm.retrieves_submitted, 1);
+    int64_t skip = 0;
+    if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) goto out;
+    if (dp_int(o->m, "skip_first_n_tokens", 0, 0, INT64_MAX, &skip, o->err) < 0) goto out;
+    if (parse_range(o, &cr) < 0) goto out;
+    if (parse_blocks(o, c, &cr, &blocks) < 0) goto out_range;
+    uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
+    uint64_t size = kv_object_bytes(&c->layout, cs), t0 = clock_mono_ns(), bytes = 0;
+    int64_t done = 0;
+    rc = 0;
+    for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
+        struct l1_key key;
+        struct l1_ref ref;
+        if (make_key(o, &cr, ch, c->model_name, c->world_size, c->worker_id, &key) < 0) {
+            rc = -1;
+            break;
+        }
+        if (read_chunk(o, rid, &key, ch, c->worker_id, &ref) < 0) {
+            dp_fail(o->err, DP_NOT_FOUND, "chunk %u is not in the cache%s", ch,
+                    *rid ? " or not locked by this lookup" : "");
+            rc = -1;
+            break;
+        }
+        if (ref.size != size) {
+            l1_finish_read(o->e->l1, &key, 1, o->now);
+            dp_fail(o->err, DP_NOT_FOUND, "chunk %u was stored with another layout", ch);
+            rc = -1;
+            break;
+        }
+        uint64_t first = (uint64_t)ch * cs;
+        uint32_t skip_in_chunk = (uint64_t)skip > first
+                                     ? (uint32_t)((uint64_t)skip - first > cs ? cs : skip - first)
+                                     : 0;
+        kv_scatter(c, cs, blocks + (size_t)(ch - cr.start_chunk) * per, ref.data, skip_in_chunk);
+        l1_finish_read(o->e->l1, &key, 1, clock_mono_ns());
+        done++;
+        bytes += size;
+    }
+    dp_put_int(o->r, "retrieved_chunks", done);
+    observe_throughput(o->e, 0, c->model_name, bytes, t0);
+    if (rc == 0) metric_inc(o->e->dpm.retrieves_finished, 1);
+out_range:
+    range_free(&cr);
+out:
+    free(blocks);
+    kvreg_put(c);
+    return rc;
+}
+
+/* ---- bytes in the message ---- */
+
+static int parse_rank(struct op_ctx *o, uint32_t *world_size, uint32_t *rank) {
+    int64_t ws = 1, r = 0;
+    if (dp_int(o->m, "world_size", 0, 1, 255, &ws, o->err) < 0) return -1;
+    if (dp_int(o->m, "worker_id", 0, 0, 254, &r, o->err) < 0) return -1;
+    if (r >= ws) {
+        dp_fail(o->err, DP_BAD_REQUEST, "worker_id %lld is not below world_size %lld", (long long)r,
+                (long long)ws);
+        return -1;
+    }
+    *world_size = (uint32_t)ws;
+    *rank = (uint32_t)r;
+    return 0;
+}
+
+static int op_store_bytes(struct op_ctx *o) {
+    char model[KEYS_MODEL_NAME_MAX + 1];
+    uint32_t ws, rank;
+    struct chunk_range cr;
+    const msgpack_object *chunks;
+    uint32_t n;
+    if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
+    if (dp_array(o->m, "chunks", 1, &chunks, &n, o->err) < 0) return -1;
+    if (parse_range(o, &cr) < 0) return -1;
+    int rc = 0;
+    if (n != cr.end_chunk - cr.start_chunk) {
+        dp_fail(o->err, DP_BAD_REQUEST, "%u chunks sent for a range of %u chunks", n,
+                cr.end_chunk - cr.start_chunk);
+        range_free(&cr);
+        return -1;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (chunks[i].type != MSGPACK_OBJECT_BIN || chunks[i].via.bin.size == 0) {
+            dp_fail(o->err, DP_BAD_REQUEST, "chunks[%u] must be non-empty bin", i);
+            range_free(&cr);
+            return -1;
+        }
+    uint64_t t0 = clock_mono_ns(), bytes = 0;
+    int64_t stored = 0, skipped = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct l1_key key;
+        struct l1_ref ref;
+        if (make_key(o, &cr, cr.start_chunk + i, model, ws, rank, &key) < 0) {
+            rc = -1;
+            break;
+        }
+        uint32_t size = chunks[i].via.bin.size;
+        int w = l1_reserve_write(o->e->l1, &key, size, false, o->now, &ref);
+        if (w == L1_EXISTS || w == L1_ERR_BUSY) {
+            skipped++;
+            continue;
+        }
+        if (w != L1_OK) {
+            dp_fail(o->err, w == L1_ERR_NOMEM ? DP_OUT_OF_MEMORY : DP_BAD_REQUEST, "L1: %s",
+                    l1_strerror(w));
+            rc = -1;
+            break;
+        }
+        memcpy(ref.data, chunks[i].via.bin.ptr, size);
+        if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
+            stored++;
+            bytes += size;
+        }
+    }
+    dp_put_int(o->r, "stored_chunks", stored);
+    dp_put_int(o->r, "skipped_chunks", skipped);
+    observe_throughput(o->e, 1, model, bytes, t0);
+    range_free(&cr);
+    return rc;
+}
+
+static int op_retrieve_bytes(struct op_ctx *o) {
+    char model[KEYS_MODEL_NAME_MAX + 1], rid[SESSION_ID_MAX + 1] = "";
+    uint32_t ws, rank;
+    struct chunk_range cr;
+    if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
+    if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) return -1;
+    if (parse_range(o, &cr) < 0) return -1;
+    /* The chunk array's length is known only at the end: pack the chunks into a side buffer. */
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    uint32_t got = 0;
+    uint64_t t0 = clock_mono_ns(), bytes = 0;
+    for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
+        struct l1_key key;
+        struct l1_ref ref;
+        if (make_key(o, &cr, ch, model, ws, rank, &key) < 0) break;
+        if (read_chunk(o, rid, &key, ch, rank, &ref) < 0) break;
+        msgpack_pack_bin(&pk, ref.size);
+        msgpack_pack_bin_body(&pk, ref.data, ref.size);
+        l1_finish_read(o->e->l1, &key, 1, clock_mono_ns());
+        got++;
+        bytes += ref.size;
+    }
+    dp_key(o->r, "chunks");
+    msgpack_pack_array(&o->r->pk, got);
+    msgpack_sbuffer_write(&o->r->buf, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    observe_throughput(o->e, 0, model, bytes, t0);
+    range_free(&cr);
+    return 0;
+}
+
+/* ---- lookup sessions ---- */
+
+static void release_locks(const struct l1_key *key, uint32_t locks, void *arg) {
+    struct engine *e = arg;
+    l1_finish_read(e->l1, key, locks, clock_mono_ns());
+}
+
+/* Releases what a session still holds and frees it. touch: end_session marks its objects as
+ * recently used. */
+void dataplane_session_release(struct engine *e, struct session *s, int touch) {
+    uint64_t now = clock_mono_ns();
+    size_t n = (size_t)s->locked_chunks * s->world_size;
+    for (size_t i = 0; i < n; i++) {
+        if (touch) l1_touch(e->l1, &s->objs[i].key, now);
+        if (s->objs[i].locks) l1_finish_read(e->l1, &s->objs[i].key, s->objs[i].locks, now);
+    }
+    session_free(s);
+}
+
+static int op_lookup(struct op_ctx *o) {
+    char model[KEYS_MODEL_NAME_MAX + 1], rid[SESSION_ID_MAX + 1];
+    int64_t ws = 1, readers = 1;
+    struct chunk_range cr;
+    if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
+    if (parse_model(o, model, sizeof(model)) < 0) return -1;
+    if (dp_int(o->m, "world_size", 0, 1, 255, &ws, o->err) < 0) return -1;
+    if (dp_int(o->m, "num_kv_readers", 0, 1, 1 << 16, &readers, o->err) < 0) return -1;
+    if (parse_range(o, &cr) < 0) return -1;
+    uint32_t nch = cr.end_chunk - cr.start_chunk;
+    struct session *s = calloc(1, sizeof(*s));
+    if (s) s->objs = calloc((size_t)(nch ? nch : 1) * (size_t)ws, sizeof(*s->objs));
+    if (!s || !s->objs) {
+        session_free(s);
+        range_free(&cr);
+        dp_fail(o->err, DP_INTERNAL, "out of memory");
+        return -1;
+    }
+    snprintf(s->id, sizeof(s->id), "%s", rid);
+    s->start_chunk = cr.start_chunk;
+    s->nchunks = nch;
+    s->world_size = (uint32_t)ws;
+    s->created_ns = o->now;
+    /* Chunk-major: every rank of chunk c before chunk c+1; stop at the first chunk that is not
+     * complete for every rank. */
+    uint32_t c;
+    int rc = 0;
+    for (c = 0; c < nch; c++) {
+        struct session_obj *row = &s->objs[(size_t)c * ws];
+        uint32_t r;
+        for (r = 0; r < ws; r++) {
+            if (make_key(o, &cr, cr.start_chunk + c, model, (uint32_t)ws, r, &row[r].key) < 0) {
+                rc = -1;
+                break;
+            }
+            if (l1_reserve_read(o->e->l1, &row[r].key, (uint32_t)readers, o->now, NULL) != L1_OK)
+                break;
+            row[r].locks = (uint32_t)readers;
+        }
+        if (r < ws) {
+            for (uint32_t q = 0; q < r; q++) {
+                l1_finish_read(o->e->l1, &row[q].key, row[q].locks, o->now);
+                row[q].locks = 0;
+            }
+            break;
+        }
+    }
+    s->locked_chunks = c;
+    const char *labels[] = {model, cr.salt};
+    uint64_t cs = (uint64_t)o->e->cfg->chunk_size;
+    metrics_add(o->e->dpm.lookups, labels, 1);
+    metrics_add(o->e->dpm.lookup_requested, labels, (double)(nch * cs));
+    metrics_add(o->e->dpm.lookup_hit, labels, (double)(c * cs));
+    range_free(&cr);
+    if (rc < 0) {
+        dataplane_session_release(o->e, s, 0);
+        return -1;
+    }
+    /* L1 answers at once; an L2 prefetch of chunks c.. would leave the job pending here. */
+    s->job_ready = 1;
+    s->hit_chunks = c;
+    struct session *old = session_put(&o->e->sessions, s);
+    if (old) dataplane_session_release(o->e, old, 0);
+    return 0;
+}
+
+static int op_query_prefetch(struct op_ctx *o) {
+    char rid[SESSION_ID_MAX + 1];
+    if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
+    uint32_t hits = 0;
+    int ready = session_query(&o->e->sessions, rid, &hits);
+    dp_put_bool(o->r, "ready", ready);
+    if (ready) dp_put_int(o->r, "hit_chunks", hits);
+    return 0;
+}
+
+static int op_free_lookup_locks(struct op_ctx *o) {
+    char rid[SESSION_ID_MAX + 1];
+    int64_t start = 0, end = INT64_MAX, worker = -1;
+    if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
+    if (dp_int(o->m, "start", 0, 0, INT64_MAX, &start, o->err) < 0) return -1;
+    if (dp_int(o->m, "end", 0, 0, INT64_MAX, &end, o->err) < 0) return -1;
+    if (dp_int(o->m, "worker_id", 0, 0, 254, &worker, o->err) < 0) return -1;
+    uint64_t cs = (uint64_t)o->e->cfg->chunk_size;
+    uint64_t from = (uint64_t)start / cs, to = ((uint64_t)end + cs - 1) / cs;
+    uint64_t n = session_release_range(
+        &o->e->sessions, rid, from > UINT32_MAX ? UINT32_MAX : (uint32_t)from,
+        to > UINT32_MAX ? UINT32_MAX : (uint32_t)to, worker, release_locks, o->e);
+    dp_put_int(o->r, "released", (int64_t)n);
+    return 0;
+}
+
+static int op_end_session(struct op_ctx *o) {
+    char rid[SESSION_ID_MAX + 1];
+    if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
+    struct session *s = session_remove(&o->e->sessions, rid);
+    if (s) dataplane_session_release(o->e, s, 1);
+    return 0;
+}
+
+/* ---- small operations ---- */
+
+static int op_clear(struct op_ctx *o) {
+    dp_put_int(o->r, "cleared", (int64_t)engine_clear_l1(o->e));
+    return 0;
+}
+
+static int op_get_chunk_size(struct op_ctx *o) {
+    dp_put_int(o->r, "chunk_size", o->e->cfg->chunk_size);
+    return 0;
+}
+
+static int op_ping(struct op_ctx *o) {
+    int64_t id = -1;
+    if (dp_int(o->m, "instance_id", 0, 0, INT64_MAX, &id, o->err) < 0) return -1;
+    if (id >= 0) {
+        kvreg_ping(&o->e->contexts, id, o->now);
+        dp_put_int(o->r, "instance_id", id);
+    }
+    dp_put_double(o->r, "server_time", clock_wall());
+    return 0;
+}
+
+static int op_noop(struct op_ctx *o) {
+    dp_put_str(o->r, "result", "OK");
+    return 0;
+}
+
+static const struct dp_op {
+    const char *name;
+    int (*fn)(struct op_ctx *o);
+} OPS[] = {
+    {"register_kv_cache", op_register},
+    {"unregister_kv_cache", op_unregister},
+    {"lookup", op_lookup},
+    {"query_prefetch_status", op_query_prefetch},
+    {"retrieve", op_retrieve},
+    {"store", op_store},
+    {"store_bytes", op_store_bytes},
+    {"retrieve_bytes", op_retrieve_bytes},
+    {"free_lookup_locks", op_free_lookup_locks},
+    {"end_session", op_end_session},
+    {"clear", op_clear},
+    {"get_chunk_size", op_get_chunk_size},
+    {"ping", op_ping},
+    {"noop", op_noop},
+};
+
+void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
+                      size_t len, struct dp_reply *reply) {
+    struct dp_err err = {NULL, ""};
+    const struct dp_op *d = NULL;
+    for (size_t i = 0; i < sizeof(OPS) / sizeof(OPS[0]); i++)
+        if (strlen(OPS[i].name) == oplen && memcmp(OPS[i].name, op, oplen) == 0) d = &OPS[i];
+    uint64_t t0 = clock_mono_ns();
+    int ok = 0;
+    if (!d) {
+        dp_fail(&err, DP_UNKNOWN_OPERATION, "unknown operation '%.*s'",
+                (int)(oplen > 64 ? 64 : oplen), op);
+    } else {
+        msgpack_unpacked up;
+        msgpack_unpacked_init(&up);
+        struct dp_map m;
+        if (dp_decode(payload, len, &up, &m, &err) == 0) {
+            struct op_ctx o = {e, &m, reply, &err, clock_mono_ns()};
+            ok = d->fn(&o) == 0;
+        }
+        msgpack_unpacked_destroy(&up);
+    }
+    const char *labels[] = {d ? d->name : "unknown",
+                            ok ? "ok" : (err.code ? err.code : DP_INTERNAL)};
+    metrics_add(e->dpm.requests, labels, 1);
+    const char *dl[] = {d ? d->name : "unknown"};
+    metric_observe(metric_labels(e->dpm.duration, dl), (double)(clock_mono_ns() - t0) / 1e9);
+    if (!ok) log_debug(e->lg_dp, "%s failed: %s: %s", dl[0], err.code, err.message);
+    size_t n;
+    dp_finish(reply, ok, &err, &n);
+}

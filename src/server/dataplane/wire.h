@@ -1,0 +1,80 @@
+/* Data-plane message codec: typed field access on a decoded msgpack map, and the reply
+ * builder. Decoded strings and bins point into the received frame (no copies). */
+#ifndef LMCACHE_DATAPLANE_WIRE_H
+#define LMCACHE_DATAPLANE_WIRE_H
+
+#include <msgpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Error codes of docs/protocol.md. */
+#define DP_BAD_REQUEST       "bad_request"
+#define DP_UNKNOWN_OPERATION "unknown_operation"
+#define DP_TOO_LARGE         "too_large"
+#define DP_NOT_REGISTERED    "not_registered"
+#define DP_INVALID_BLOCKS    "invalid_blocks"
+#define DP_NOT_FOUND         "not_found"
+#define DP_OUT_OF_MEMORY     "out_of_memory"
+#define DP_SHM_ERROR         "shm_error"
+#define DP_INTERNAL          "internal"
+
+/* A decoded payload map. */
+struct dp_map {
+    const msgpack_object *obj; /* a MSGPACK_OBJECT_MAP, or NULL for an empty payload */
+};
+
+/* A failure: code + message, filled by the getters. */
+struct dp_err {
+    const char *code;
+    char message[256];
+};
+
+/* Decodes a payload frame into a map. Returns 0, or -1 with err set (bad_request). The
+ * unpacked object keeps pointers into buf and lives in up. */
+int dp_decode(const void *buf, size_t len, msgpack_unpacked *up, struct dp_map *out,
+              struct dp_err *err);
+
+/* The value of field name, or NULL when absent (nil counts as absent). */
+const msgpack_object *dp_get(const struct dp_map *m, const char *name);
+
+/* Typed getters. `required`: absence is an error. They return 0 (found, *out set), 1 (absent,
+ * *out untouched) or -1 (error set, naming the field). */
+int dp_int(const struct dp_map *m, const char *name, int required, int64_t min, int64_t max,
+           int64_t *out, struct dp_err *err);
+int dp_bool(const struct dp_map *m, const char *name, int required, int *out, struct dp_err *err);
+/* A string that must fit maxlen bytes; *s points into the frame (not NUL-terminated). */
+int dp_str(const struct dp_map *m, const char *name, int required, size_t maxlen, const char **s,
+           size_t *len, struct dp_err *err);
+/* A string copied NUL-terminated into out (cap bytes including the NUL). */
+int dp_cstr(const struct dp_map *m, const char *name, int required, char *out, size_t cap,
+            struct dp_err *err);
+/* An array; *arr points at its elements. */
+int dp_array(const struct dp_map *m, const char *name, int required, const msgpack_object **arr,
+             uint32_t *n, struct dp_err *err);
+/* Converts an array of non-negative ints into out (caller frees). */
+int dp_u32_array(const struct dp_map *m, const char *name, int required, uint32_t **out,
+                 uint32_t *n, struct dp_err *err);
+
+void dp_fail(struct dp_err *err, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Reply builder: a map whose entry count is fixed up at the end. */
+struct dp_reply {
+    msgpack_sbuffer buf;
+    msgpack_packer pk;
+    uint32_t nfields;
+    size_t header; /* bytes reserved for the map header */
+};
+
+void dp_reply_init(struct dp_reply *r);
+void dp_reply_free(struct dp_reply *r);
+/* Starts the next field; the caller packs exactly one value after it. */
+void dp_key(struct dp_reply *r, const char *name);
+void dp_put_bool(struct dp_reply *r, const char *name, int v);
+void dp_put_int(struct dp_reply *r, const char *name, int64_t v);
+void dp_put_double(struct dp_reply *r, const char *name, double v);
+void dp_put_str(struct dp_reply *r, const char *name, const char *s);
+/* Finishes the map (ok is added by dp_finish); returns the encoded bytes (owned by r). */
+const char *dp_finish(struct dp_reply *r, int ok, const struct dp_err *err, size_t *len);
+
+#endif

@@ -1,0 +1,193 @@
+/* Lookup sessions: a hash table of request ids under one mutex. Work under the mutex is
+ * bookkeeping only; L1 calls happen in the caller after it is dropped. */
+#include "server/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t bucket_of(const char *id) {
+    uint32_t h = 2166136261u;
+    for (; *id; id++) h = (h ^ (uint8_t)*id) * 16777619u;
+    return h % SESSION_BUCKETS;
+}
+
+void session_table_init(struct session_table *t) {
+    memset(t, 0, sizeof(*t));
+    pthread_mutex_init(&t->lock, NULL);
+}
+
+void session_free(struct session *s) {
+    if (!s) return;
+    free(s->objs);
+    free(s);
+}
+
+struct session *session_table_drain(struct session_table *t) {
+    struct session *all = NULL;
+    pthread_mutex_lock(&t->lock);
+    for (size_t b = 0; b < SESSION_BUCKETS; b++) {
+        while (t->buckets[b]) {
+            struct session *s = t->buckets[b];
+            t->buckets[b] = s->next;
+            s->next = all;
+            all = s;
+        }
+    }
+    t->count = t->jobs = 0;
+    pthread_mutex_unlock(&t->lock);
+    return all;
+}
+
+void session_table_destroy(struct session_table *t) {
+    struct session *s = session_table_drain(t);
+    while (s) {
+        struct session *n = s->next;
+        session_free(s);
+        s = n;
+    }
+    pthread_mutex_destroy(&t->lock);
+}
+
+/* Caller holds t->lock. Unlinks and returns the session called id, or NULL. */
+static struct session *do_unlink(struct session_table *t, const char *id) {
+    for (struct session **pp = &t->buckets[bucket_of(id)]; *pp; pp = &(*pp)->next) {
+        if (strcmp((*pp)->id, id) == 0) {
+            struct session *s = *pp;
+            *pp = s->next;
+            s->next = NULL;
+            t->count--;
+            if (!s->job_reported) t->jobs--;
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static struct session *do_find(struct session_table *t, const char *id) {
+    for (struct session *s = t->buckets[bucket_of(id)]; s; s = s->next)
+        if (strcmp(s->id, id) == 0) return s;
+    return NULL;
+}
+
+struct session *session_put(struct session_table *t, struct session *s) {
+    pthread_mutex_lock(&t->lock);
+    struct session *old = do_unlink(t, s->id);
+    uint32_t b = bucket_of(s->id);
+    s->next = t->buckets[b];
+    t->buckets[b] = s;
+    t->count++;
+    if (!s->job_reported) t->jobs++;
+    pthread_mutex_unlock(&t->lock);
+    return old;
+}
+
+struct session *session_remove(struct session_table *t, const char *id) {
+    pthread_mutex_lock(&t->lock);
+    struct session *s = do_unlink(t, id);
+    pthread_mutex_unlock(&t->lock);
+    return s;
+}
+
+int session_query(struct session_table *t, const char *id, uint32_t *hits) {
+    int ready = 1;
+    *hits = 0;
+    pthread_mutex_lock(&t->lock);
+    struct session *s = do_find(t, id);
+    if (s && !s->job_reported) {
+        if (s->job_ready) {
+            *hits = s->hit_chunks;
+            s->job_reported = 1;
+            t->jobs--;
+        } else {
+            ready = 0;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    return ready;
+}
+
+void session_job_done(struct session_table *t, const char *id, uint32_t hits) {
+    pthread_mutex_lock(&t->lock);
+    struct session *s = do_find(t, id);
+    if (s) {
+        s->hit_chunks = hits;
+        s->job_ready = 1;
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+int session_take_lock(struct session_table *t, const char *id, uint32_t chunk, uint32_t rank,
+                      struct l1_key *key) {
+    int got = 0;
+    pthread_mutex_lock(&t->lock);
+    struct session *s = do_find(t, id);
+    if (s && chunk >= s->start_chunk && chunk - s->start_chunk < s->locked_chunks &&
+        rank < s->world_size) {
+        struct session_obj *o = &s->objs[(size_t)(chunk - s->start_chunk) * s->world_size + rank];
+        if (o->locks > 0) {
+            o->locks--;
+            *key = o->key;
+            got = 1;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    return got;
+}
+
+uint64_t session_release_range(struct session_table *t, const char *id, uint32_t from, uint32_t to,
+                               int64_t rank,
+                               void (*fn)(const struct l1_key *key, uint32_t locks, void *arg),
+                               void *arg) {
+    struct session_obj *out = NULL;
+    size_t n = 0;
+    uint64_t total = 0;
+    pthread_mutex_lock(&t->lock);
+    struct session *s = do_find(t, id);
+    if (s && s->locked_chunks) {
+        uint32_t lo = from > s->start_chunk ? from - s->start_chunk : 0;
+        uint32_t hi = to > s->start_chunk ? to - s->start_chunk : 0;
+        if (hi > s->locked_chunks) hi = s->locked_chunks;
+        if (lo < hi) out = malloc((size_t)(hi - lo) * s->world_size * sizeof(*out));
+        for (uint32_t c = lo; out && c < hi; c++)
+            for (uint32_t r = 0; r < s->world_size; r++) {
+                if (rank >= 0 && (uint32_t)rank != r) continue;
+                struct session_obj *o = &s->objs[(size_t)c * s->world_size + r];
+                if (!o->locks) continue;
+                out[n++] = *o;
+                total += o->locks;
+                o->locks = 0;
+            }
+    }
+    pthread_mutex_unlock(&t->lock);
+    for (size_t i = 0; i < n; i++) fn(&out[i].key, out[i].locks, arg);
+    free(out);
+    return total;
+}
+
+struct session *session_expire(struct session_table *t, uint64_t before_ns) {
+    struct session *dead = NULL;
+    pthread_mutex_lock(&t->lock);
+    for (size_t b = 0; b < SESSION_BUCKETS; b++) {
+        for (struct session **pp = &t->buckets[b]; *pp;) {
+            struct session *s = *pp;
+            if (s->created_ns < before_ns) {
+                *pp = s->next;
+                t->count--;
+                if (!s->job_reported) t->jobs--;
+                s->next = dead;
+                dead = s;
+            } else {
+                pp = &s->next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    return dead;
+}
+
+void session_counts(struct session_table *t, size_t *sessions, size_t *jobs) {
+    pthread_mutex_lock(&t->lock);
+    *sessions = t->count;
+    *jobs = t->jobs;
+    pthread_mutex_unlock(&t->lock);
+}

@@ -1,0 +1,76 @@
+/* Lookup sessions: the read locks a lookup took (per object, for its request id), its prefetch
+ * job (reported exactly once), and their release by retrieve, free_lookup_locks, end_session or
+ * expiry. The table never calls into L1: functions hand back what the caller must release. */
+#ifndef LMCACHE_SERVER_SESSION_H
+#define LMCACHE_SERVER_SESSION_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/l1/l1.h"
+
+#define SESSION_ID_MAX  256
+#define SESSION_BUCKETS 1024
+
+/* One looked-up object and the read locks this session still holds on it. */
+struct session_obj {
+    struct l1_key key;
+    uint32_t locks;
+};
+
+struct session {
+    char id[SESSION_ID_MAX + 1];
+    uint32_t start_chunk; /* absolute index of the first chunk of the lookup range */
+    uint32_t nchunks;     /* chunks in the lookup range */
+    uint32_t world_size;
+    uint32_t locked_chunks;   /* leading chunks whose objects (all ranks) were locked */
+    struct session_obj *objs; /* locked_chunks * world_size, chunk-major (chunk, then rank) */
+    int job_reported;         /* query_prefetch_status answered "ready" already */
+    int job_ready;
+    uint32_t hit_chunks;
+    uint64_t created_ns;
+    struct session *next;
+};
+
+struct session_table {
+    pthread_mutex_t lock;
+    struct session *buckets[SESSION_BUCKETS];
+    size_t count; /* sessions */
+    size_t jobs;  /* prefetch jobs not yet reported */
+};
+
+void session_table_init(struct session_table *t);
+/* Frees every session, returning them chained through ->next for the caller to release. */
+struct session *session_table_drain(struct session_table *t);
+void session_table_destroy(struct session_table *t);
+
+/* Inserts s (owned by the table from now on). Returns the session it replaces (same id), which
+ * the caller must release and free, or NULL. */
+struct session *session_put(struct session_table *t, struct session *s);
+/* Removes and returns the session (the caller releases its locks and frees it), or NULL. */
+struct session *session_remove(struct session_table *t, const char *id);
+void session_free(struct session *s);
+
+/* query_prefetch_status: 1 = ready (*hits set; the job is consumed), 0 = pending, and an unknown
+ * id or an already reported job counts as ready with 0 hits. */
+int session_query(struct session_table *t, const char *id, uint32_t *hits);
+/* Marks the lookup's prefetch job complete with `hits` leading chunks. */
+void session_job_done(struct session_table *t, const char *id, uint32_t hits);
+
+/* Takes one of the session's locks on (absolute chunk, rank): 1 when it held one (the caller
+ * now owns that lock and releases it after its copy), 0 otherwise. */
+int session_take_lock(struct session_table *t, const char *id, uint32_t chunk, uint32_t rank,
+                      struct l1_key *key);
+/* Hands back every lock the session holds on chunks [from, to) (absolute) for one rank, or all
+ * ranks when rank < 0: fn is called per object with its lock count after the table lock is
+ * dropped. Returns the number of locks released. */
+uint64_t session_release_range(struct session_table *t, const char *id, uint32_t from, uint32_t to,
+                               int64_t rank,
+                               void (*fn)(const struct l1_key *key, uint32_t locks, void *arg),
+                               void *arg);
+/* Removes sessions created before `before_ns`, chained through ->next. */
+struct session *session_expire(struct session_table *t, uint64_t before_ns);
+void session_counts(struct session_table *t, size_t *sessions, size_t *jobs);
+
+#endif
