@@ -1,6 +1,11 @@
 /* Cache management routes that act on L1. */
+#include <openssl/evp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "base/clock.h"
+#include "base/strbuf.h"
 
 #include "server/admin/http.h"
 #include "server/engine.h"
@@ -42,7 +47,135 @@ static void h_clear(struct http_req *req, struct http_resp *resp) {
     http_json(resp, 200, json_pack("{s:s, s:{s:s}}", "status", "ok", "cleared", "tier", "l1"));
 }
 
+/* "0,[2,5],8": runs of consecutive ids as inclusive ranges, in request order. */
+static char *block_ranges(const uint32_t *ids, size_t n) {
+    struct strbuf sb = STRBUF_INIT;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j + 1 < n && ids[j + 1] == ids[j] + 1) j++;
+        if (j > i)
+            sb_printf(&sb, "%s[%u,%u]", i ? "," : "", ids[i], ids[j]);
+        else
+            sb_printf(&sb, "%s%u", i ? "," : "", ids[i]);
+        i = j + 1;
+    }
+    return sb_detach(&sb, NULL);
+}
+
+/* MD5 over (for each layer in `layers`) K then V of each block of the chunk, in order. */
+static int chunk_md5(const struct kv_context *c, const uint32_t *ids, size_t n, uint32_t l0,
+                     uint32_t l1, char hex[33]) {
+    const struct kv_layout *l = &c->layout;
+    size_t block_bytes = (size_t)l->tokens_per_block * l->bytes_per_token;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int dl = 0;
+    int ok = md && EVP_DigestInit_ex(md, EVP_md5(), NULL) == 1;
+    for (uint32_t layer = l0; ok && layer < l1; layer++)
+        for (uint32_t k = 0; ok && k < l->kv_count; k++)
+            for (size_t b = 0; ok && b < n; b++)
+                ok = EVP_DigestUpdate(md, kv_block_ptr(c, layer, k, ids[b]), block_bytes) == 1;
+    ok = ok && EVP_DigestFinal_ex(md, d, &dl) == 1;
+    EVP_MD_CTX_free(md);
+    for (unsigned i = 0; ok && i < dl; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    return ok ? 0 : -1;
+}
+
+/* POST /cache/checksums: block-centric MD5s of the engine KV cache of a registered instance. */
+static void h_checksums(struct http_req *req, struct http_resp *resp) {
+    json_t *body = http_body_object(req, resp, 422, 0);
+    if (!body) return;
+    json_t *jids = json_object_get(body, "block_ids"), *jcs = json_object_get(body, "chunk_size");
+    json_t *jinst = json_object_get(body, "instance_id"), *jlw = json_object_get(body, "layerwise");
+    uint32_t *ids = NULL;
+    struct kv_context *c = NULL;
+    if (!jids || !json_is_array(jids) || (jcs && !json_is_integer(jcs)) ||
+        (jinst && !json_is_integer(jinst)) || (jlw && !json_is_boolean(jlw))) {
+        http_error(resp, jids ? 422 : 400, "detail",
+                   jids ? "block_ids must be a list of ints, chunk_size and instance_id ints, "
+                          "layerwise a bool"
+                        : "block_ids is required");
+        goto out;
+    }
+    size_t n = json_array_size(jids);
+    if (n == 0) {
+        http_error(resp, 400, "detail", "block_ids must not be empty");
+        goto out;
+    }
+    if (!jcs || json_integer_value(jcs) <= 0) {
+        http_error(resp, 400, "detail", "chunk_size must be a positive integer");
+        goto out;
+    }
+    size_t cs = (size_t)json_integer_value(jcs);
+    int64_t inst = jinst ? json_integer_value(jinst) : 0;
+    int layerwise = jlw && json_is_true(jlw);
+    c = kvreg_get(&req->engine->contexts, inst, clock_mono_ns());
+    if (!c) {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "instance_id %lld is not registered", (long long)inst);
+        http_error(resp, 404, "error", msg);
+        goto out;
+    }
+    ids = malloc(n * sizeof(*ids));
+    if (!ids) {
+        http_error(resp, 500, "error", "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(jids, i);
+        json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (!json_is_integer(v)) {
+            http_error(resp, 422, "detail", "block_ids must be a list of ints");
+            goto out;
+        }
+        if (x < 0 || x >= c->layout.num_blocks) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "block id %lld is out of range (num_blocks %u)",
+                     (long long)x, c->layout.num_blocks);
+            http_error(resp, 400, "detail", msg);
+            goto out;
+        }
+        ids[i] = (uint32_t)x;
+    }
+    size_t nchunks = (n + cs - 1) / cs;
+    json_t *sums;
+    char hex[33];
+    if (!layerwise) {
+        sums = json_array();
+        for (size_t k = 0; k < nchunks; k++) {
+            size_t m = k + 1 < nchunks ? cs : n - k * cs;
+            if (chunk_md5(c, ids + k * cs, m, 0, c->layout.num_layers, hex) < 0) break;
+            json_array_append_new(sums, json_string(hex));
+        }
+    } else {
+        sums = json_object();
+        for (uint32_t layer = 0; layer < c->layout.num_layers; layer++) {
+            json_t *a = json_array();
+            for (size_t k = 0; k < nchunks; k++) {
+                size_t m = k + 1 < nchunks ? cs : n - k * cs;
+                if (chunk_md5(c, ids + k * cs, m, layer, layer + 1, hex) < 0) break;
+                json_array_append_new(a, json_string(hex));
+            }
+            char key[32];
+            snprintf(key, sizeof(key), "layer_%u", layer);
+            json_object_set_new(sums, key, a);
+        }
+    }
+    char *ranges = block_ranges(ids, n);
+    http_json(resp, 200,
+              json_pack("{s:s, s:I, s:I, s:o, s:b, s:s}", "status", "success", "chunk_size",
+                        (json_int_t)cs, "num_chunks", (json_int_t)nchunks, "chunk_checksums", sums,
+                        "layerwise", layerwise, "block_id_ranges", ranges ? ranges : ""));
+    free(ranges);
+out:
+    free(ids);
+    kvreg_put(c);
+    json_decref(body);
+}
+
 const struct http_route CACHE_ROUTES[] = {
+    {"POST", "/cache/checksums", h_checksums, "{\"error\":\"engine not initialized\"}",
+     "MD5 checksums over engine KV blocks"},
     {"POST", "/cache/clear", h_clear, "{\"detail\":\"server not initialized\"}",
      "Force-clear a tier (l1)"},
     {NULL, NULL, NULL, NULL, NULL},

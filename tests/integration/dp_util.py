@@ -1,0 +1,84 @@
+"""A minimal data-plane client written from docs/protocol.md (pyzmq + msgpack only)."""
+import itertools
+import mmap
+import os
+import uuid
+
+import msgpack
+import zmq
+
+
+class DPClient:
+    def __init__(self, port, timeout_ms=30000):
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+        self.ids = itertools.count()
+
+    def raw(self, op, payload):
+        rid = str(next(self.ids)).encode()
+        self.sock.send_multipart([rid, op.encode(), msgpack.packb(payload)])
+        r_id, r_op, body = self.sock.recv_multipart()
+        assert r_id == rid and r_op == op.encode()
+        return msgpack.unpackb(body)
+
+    def call(self, op, **payload):
+        reply = self.raw(op, payload)
+        if not reply["ok"]:
+            raise RuntimeError(f'{reply["code"]}: {reply["message"]}')
+        return reply
+
+    def close(self):
+        self.sock.close(0)
+
+
+class ShmKV:
+    """An engine-like paged KV cache in POSIX shared memory (layer-major layout)."""
+
+    def __init__(self, layers=2, blocks=64, tokens_per_block=16, bytes_per_token=64, kv_count=2):
+        self.layers, self.blocks, self.tpb, self.bpt, self.kv = (layers, blocks, tokens_per_block,
+                                                                 bytes_per_token, kv_count)
+        self.block_bytes = tokens_per_block * bytes_per_token
+        self.size = layers * kv_count * blocks * self.block_bytes
+        self.name = "/lmc-test-" + uuid.uuid4().hex[:12]
+        self.fd = os.open("/dev/shm" + self.name, os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(self.fd, self.size)
+        self.mem = mmap.mmap(self.fd, self.size)
+
+    def layout(self):
+        return dict(num_layers=self.layers, num_blocks=self.blocks,
+                    tokens_per_block=self.tpb, bytes_per_token=self.bpt, kv_count=self.kv,
+                    shm_name=self.name)
+
+    def block_off(self, layer, k, block):
+        return ((layer * self.kv + k) * self.blocks + block) * self.block_bytes
+
+    def fill_blocks(self, blocks, seed):
+        for b in blocks:
+            for layer in range(self.layers):
+                for k in range(self.kv):
+                    off = self.block_off(layer, k, b)
+                    data = (f"{seed}:{b}:{layer}:{k}:".encode() * self.block_bytes)[:self.block_bytes]
+                    self.mem[off:off + self.block_bytes] = data
+
+    def read_blocks(self, blocks):
+        out = []
+        for b in blocks:
+            for layer in range(self.layers):
+                for k in range(self.kv):
+                    off = self.block_off(layer, k, b)
+                    out.append(bytes(self.mem[off:off + self.block_bytes]))
+        return out
+
+    def zero(self):
+        self.mem[:] = b"\0" * self.size
+
+    def close(self):
+        self.mem.close()
+        os.close(self.fd)
+        try:
+            os.unlink("/dev/shm" + self.name)
+        except FileNotFoundError:
+            pass
