@@ -10,6 +10,8 @@ static const struct {
     const char *summary;
 } BENCHES[] = {
     {"l1", bench_l1_main, "L1 allocator ops/s, 128-chunk lookups on 1 and 2 threads, metadata"},
+    {"server", bench_server_main,
+     "round trips through a running server: correctness check or store/retrieve GB/s"},
 };
 #define NBENCH (sizeof(BENCHES) / sizeof(BENCHES[0]))
 

@@ -1,0 +1,1215 @@
+/* liblmcache-client: DEALER socket, msgpack codec, pipelined request/reply matching and the
+ * shared-memory KV context of the data plane (docs/protocol.md, docs/client.md). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "client/client_codec.h"
+
+#define DEFAULT_TIMEOUT_MS   30000
+#define DEFAULT_CONNECT_MS   5000
+#define MAX_ABANDONED        64
+#define MAP32_HEADER_BYTES   5
+#define MAX_REQUEST_ID_BYTES 24
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+/* One row per status: its stable name (the protocol's code for server errors). */
+static const char *const STATUS_NAMES[] = {
+    [LMC_OK] = "ok",
+    [LMC_ERR_BAD_REQUEST] = "bad_request",
+    [LMC_ERR_UNKNOWN_OPERATION] = "unknown_operation",
+    [LMC_ERR_TOO_LARGE] = "too_large",
+    [LMC_ERR_NOT_REGISTERED] = "not_registered",
+    [LMC_ERR_INVALID_BLOCKS] = "invalid_blocks",
+    [LMC_ERR_NOT_FOUND] = "not_found",
+    [LMC_ERR_OUT_OF_MEMORY] = "out_of_memory",
+    [LMC_ERR_SHM_ERROR] = "shm_error",
+    [LMC_ERR_INTERNAL] = "internal",
+    [LMC_ERR_SERVER_OTHER] = "server_error",
+    [LMC_ERR_TIMEOUT] = "timeout",
+    [LMC_ERR_TRANSPORT] = "transport",
+    [LMC_ERR_PROTOCOL] = "protocol",
+    [LMC_ERR_INVALID_ARGUMENT] = "invalid_argument",
+    [LMC_ERR_NO_MEMORY] = "no_memory",
+    [LMC_ERR_SYSTEM] = "system",
+};
+#define NSTATUS (sizeof(STATUS_NAMES) / sizeof(STATUS_NAMES[0]))
+
+LMC_API const char *lmc_status_name(lmc_status s) {
+    return (unsigned)s < NSTATUS && STATUS_NAMES[s] ? STATUS_NAMES[s] : "unknown";
+}
+
+LMC_API lmc_status lmc_status_from_code(const char *code, size_t len) {
+    for (unsigned s = LMC_ERR_BAD_REQUEST; s < LMC_ERR_SERVER_OTHER; s++)
+        if (strlen(STATUS_NAMES[s]) == len && memcmp(STATUS_NAMES[s], code, len) == 0)
+            return (lmc_status)s;
+    return LMC_ERR_SERVER_OTHER;
+}
+
+void lmcc_set_error(lmc_error *err, lmc_status s, const char *fmt, ...) {
+    if (!err) return;
+    err->status = s;
+    snprintf(err->code, sizeof(err->code), "%s", lmc_status_name(s));
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+}
+
+static void clear_error(lmc_error *err) {
+    if (!err) return;
+    err->status = LMC_OK;
+    err->code[0] = '\0';
+    err->message[0] = '\0';
+}
+
+/* ---- request encoder --------------------------------------------------------------------- */
+
+void lmcc_map_init(struct lmcc_map *m) {
+    msgpack_sbuffer_init(&m->buf);
+    msgpack_packer_init(&m->pk, &m->buf, msgpack_sbuffer_write);
+    m->n = 0;
+    m->failed = 0;
+    static const char hdr[MAP32_HEADER_BYTES] = {(char)0xdf, 0, 0, 0, 0};
+    if (msgpack_sbuffer_write(&m->buf, hdr, sizeof(hdr)) != 0) m->failed = 1;
+}
+
+int lmcc_map_finish(struct lmcc_map *m) {
+    if (m->failed || m->buf.size < MAP32_HEADER_BYTES) return -1;
+    unsigned char *h = (unsigned char *)m->buf.data;
+    h[1] = (unsigned char)(m->n >> 24);
+    h[2] = (unsigned char)(m->n >> 16);
+    h[3] = (unsigned char)(m->n >> 8);
+    h[4] = (unsigned char)m->n;
+    return 0;
+}
+
+void lmcc_map_destroy(struct lmcc_map *m) { msgpack_sbuffer_destroy(&m->buf); }
+
+static void put_key(struct lmcc_map *m, const char *key) {
+    size_t n = strlen(key);
+    if (msgpack_pack_str(&m->pk, n) != 0 || msgpack_pack_str_body(&m->pk, key, n) != 0)
+        m->failed = 1;
+    m->n++;
+}
+
+void lmcc_put_str(struct lmcc_map *m, const char *key, const char *val) {
+    put_key(m, key);
+    size_t n = strlen(val);
+    if (msgpack_pack_str(&m->pk, n) != 0 || msgpack_pack_str_body(&m->pk, val, n) != 0)
+        m->failed = 1;
+}
+
+void lmcc_put_int(struct lmcc_map *m, const char *key, int64_t val) {
+    put_key(m, key);
+    if (msgpack_pack_int64(&m->pk, val) != 0) m->failed = 1;
+}
+
+void lmcc_put_bool(struct lmcc_map *m, const char *key, bool val) {
+    put_key(m, key);
+    if ((val ? msgpack_pack_true(&m->pk) : msgpack_pack_false(&m->pk)) != 0) m->failed = 1;
+}
+
+void lmcc_put_i64_array(struct lmcc_map *m, const char *key, const int64_t *v, size_t n) {
+    put_key(m, key);
+    if (msgpack_pack_array(&m->pk, n) != 0) m->failed = 1;
+    for (size_t i = 0; i < n && !m->failed; i++)
+        if (msgpack_pack_int64(&m->pk, v[i]) != 0) m->failed = 1;
+}
+
+lmc_status lmcc_put_chunks(struct lmcc_map *m, const lmc_chunks *ch, lmc_error *err) {
+    if (!ch) {
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "no chunks given");
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    bool toks = ch->token_ids != NULL, hashes = ch->chunk_hashes != NULL;
+    if (toks == hashes) {
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT,
+                       "exactly one of token_ids or chunk_hashes must be given");
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    if (hashes && (ch->hash_len < 1 || ch->hash_len > 32)) {
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "hash_len must be 1..32, not %zu",
+                       ch->hash_len);
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    if (ch->num_tokens > UINT32_MAX || ch->num_chunk_hashes > UINT32_MAX) {
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "too many tokens or chunk hashes");
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    if (toks) {
+        put_key(m, "token_ids");
+        if (msgpack_pack_array(&m->pk, ch->num_tokens) != 0) m->failed = 1;
+        for (size_t i = 0; i < ch->num_tokens && !m->failed; i++)
+            if (msgpack_pack_uint32(&m->pk, ch->token_ids[i]) != 0) m->failed = 1;
+    } else {
+        put_key(m, "chunk_hashes");
+        if (msgpack_pack_array(&m->pk, ch->num_chunk_hashes) != 0) m->failed = 1;
+        for (size_t i = 0; i < ch->num_chunk_hashes && !m->failed; i++)
+            if (msgpack_pack_bin(&m->pk, ch->hash_len) != 0 ||
+                msgpack_pack_bin_body(&m->pk, ch->chunk_hashes + i * ch->hash_len,
+                                      ch->hash_len) != 0)
+                m->failed = 1;
+    }
+    if (ch->start != 0) lmcc_put_int(m, "start", ch->start);
+    if (ch->end >= 0) lmcc_put_int(m, "end", ch->end);
+    if (ch->cache_salt && ch->cache_salt[0]) lmcc_put_str(m, "cache_salt", ch->cache_salt);
+    return LMC_OK;
+}
+
+void lmcc_put_layout(struct lmcc_map *m, const lmc_kv_layout *l) {
+    lmcc_put_int(m, "num_layers", l->num_layers);
+    lmcc_put_int(m, "num_blocks", l->num_blocks);
+    lmcc_put_int(m, "tokens_per_block", l->tokens_per_block);
+    lmcc_put_int(m, "bytes_per_token", (int64_t)l->bytes_per_token);
+    lmcc_put_int(m, "kv_count", l->kv_count ? l->kv_count : 2);
+    lmcc_put_str(m, "block_order",
+                 l->block_order == LMC_BLOCK_MAJOR ? "block_major" : "layer_major");
+    if (l->dtype) lmcc_put_str(m, "dtype", l->dtype);
+}
+
+/* ---- reply decoder ----------------------------------------------------------------------- */
+
+const msgpack_object *lmcc_map_get(const msgpack_object *map, const char *key) {
+    if (!map || map->type != MSGPACK_OBJECT_MAP) return NULL;
+    size_t n = strlen(key);
+    for (uint32_t i = 0; i < map->via.map.size; i++) {
+        const msgpack_object *k = &map->via.map.ptr[i].key;
+        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+            memcmp(k->via.str.ptr, key, n) == 0)
+            return &map->via.map.ptr[i].val;
+    }
+    return NULL;
+}
+
+lmc_status lmcc_decode_reply(const char *body, size_t len, msgpack_unpacked *up,
+                             const msgpack_object **map, lmc_error *err) {
+    size_t off = 0;
+    msgpack_unpack_return r = msgpack_unpack_next(up, body, len, &off);
+    if (r == MSGPACK_UNPACK_NOMEM_ERROR) {
+        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory decoding a reply");
+        return LMC_ERR_NO_MEMORY;
+    }
+    if (r != MSGPACK_UNPACK_SUCCESS || off != len) {
+        lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply is not one msgpack object");
+        return LMC_ERR_PROTOCOL;
+    }
+    if (up->data.type != MSGPACK_OBJECT_MAP) {
+        lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply is not a msgpack map");
+        return LMC_ERR_PROTOCOL;
+    }
+    const msgpack_object *ok = lmcc_map_get(&up->data, "ok");
+    if (!ok || ok->type != MSGPACK_OBJECT_BOOLEAN) {
+        lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply has no boolean 'ok'");
+        return LMC_ERR_PROTOCOL;
+    }
+    *map = &up->data;
+    return LMC_OK;
+}
+
+lmc_status lmcc_reply_error(const msgpack_object *map, lmc_error *err) {
+    const msgpack_object *ok = lmcc_map_get(map, "ok");
+    if (ok && ok->type == MSGPACK_OBJECT_BOOLEAN && ok->via.boolean) {
+        clear_error(err);
+        return LMC_OK;
+    }
+    const msgpack_object *code = lmcc_map_get(map, "code");
+    const msgpack_object *msg = lmcc_map_get(map, "message");
+    lmc_status s = LMC_ERR_SERVER_OTHER;
+    const char *cs = "";
+    int cl = 0;
+    if (code && code->type == MSGPACK_OBJECT_STR) {
+        cs = code->via.str.ptr;
+        cl = code->via.str.size > INT_MAX ? INT_MAX : (int)code->via.str.size;
+        s = lmc_status_from_code(cs, (size_t)cl);
+    }
+    if (err) {
+        err->status = s;
+        snprintf(err->code, sizeof(err->code), "%.*s", cl, cs);
+        if (msg && msg->type == MSGPACK_OBJECT_STR)
+            snprintf(err->message, sizeof(err->message), "%.*s",
+                     msg->via.str.size > INT_MAX ? INT_MAX : (int)msg->via.str.size,
+                     msg->via.str.ptr);
+        else
+            snprintf(err->message, sizeof(err->message), "server error without a message");
+    }
+    return s;
+}
+
+uint64_t lmcc_parse_id(const char *s, size_t len) {
+    if (len == 0 || len > 20) return 0;
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10) return 0;
+        v = v * 10 + d;
+    }
+    return v;
+}
+
+/* ---- replies ----------------------------------------------------------------------------- */
+
+struct lmc_reply {
+    lmc_reply *next; /* in the client's list of replies not asked for yet */
+    uint64_t id;
+    char op[64];
+    zmq_msg_t body; /* the bytes `up` points into (bin fields are not copied) */
+    msgpack_unpacked up;
+    const msgpack_object *map;
+};
+
+LMC_API void lmc_reply_free(lmc_reply *r) {
+    if (!r) return;
+    msgpack_unpacked_destroy(&r->up);
+    zmq_msg_close(&r->body);
+    free(r);
+}
+
+LMC_API uint64_t lmc_reply_id(const lmc_reply *r) { return r->id; }
+LMC_API const char *lmc_reply_op(const lmc_reply *r) { return r->op; }
+LMC_API lmc_status lmc_reply_status(const lmc_reply *r, lmc_error *err) {
+    return lmcc_reply_error(r->map, err);
+}
+
+LMC_API bool lmc_reply_get_u64(const lmc_reply *r, const char *field, uint64_t *out) {
+    const msgpack_object *o = lmcc_map_get(r->map, field);
+    if (!o) return false;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        *out = o->via.u64;
+        return true;
+    }
+    return false;
+}
+
+LMC_API bool lmc_reply_get_i64(const lmc_reply *r, const char *field, int64_t *out) {
+    const msgpack_object *o = lmcc_map_get(r->map, field);
+    if (!o) return false;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX) {
+        *out = (int64_t)o->via.u64;
+        return true;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        *out = o->via.i64;
+        return true;
+    }
+    return false;
+}
+
+LMC_API bool lmc_reply_get_bool(const lmc_reply *r, const char *field, bool *out) {
+    const msgpack_object *o = lmcc_map_get(r->map, field);
+    if (!o || o->type != MSGPACK_OBJECT_BOOLEAN) return false;
+    *out = o->via.boolean;
+    return true;
+}
+
+LMC_API bool lmc_reply_get_str(const lmc_reply *r, const char *field, const char **out,
+                               size_t *len) {
+    const msgpack_object *o = lmcc_map_get(r->map, field);
+    if (!o || o->type != MSGPACK_OBJECT_STR) return false;
+    *out = o->via.str.ptr;
+    *len = o->via.str.size;
+    return true;
+}
+
+static bool get_double(const lmc_reply *r, const char *field, double *out) {
+    const msgpack_object *o = lmcc_map_get(r->map, field);
+    if (!o) return false;
+    switch (o->type) {
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: *out = o->via.f64; return true;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: *out = (double)o->via.u64; return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: *out = (double)o->via.i64; return true;
+    default: return false;
+    }
+}
+
+LMC_API size_t lmc_reply_num_chunks(const lmc_reply *r) {
+    const msgpack_object *o = lmcc_map_get(r->map, "chunks");
+    return o && o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
+}
+
+LMC_API bool lmc_reply_chunk(const lmc_reply *r, size_t i, const void **data, size_t *len) {
+    const msgpack_object *o = lmcc_map_get(r->map, "chunks");
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY || i >= o->via.array.size) return false;
+    const msgpack_object *e = &o->via.array.ptr[i];
+    if (e->type != MSGPACK_OBJECT_BIN) return false;
+    *data = e->via.bin.ptr;
+    *len = e->via.bin.size;
+    return true;
+}
+
+/* ---- connection -------------------------------------------------------------------------- */
+
+struct lmc_client {
+    void *zctx;
+    void *sock;
+    int timeout_ms;
+    uint64_t next_id;
+    size_t in_flight;
+    lmc_reply *pending; /* replies received while waiting for another id, newest first */
+    uint64_t abandoned[MAX_ABANDONED]; /* ids of timed-out synchronous calls: replies dropped */
+    size_t nabandoned;
+};
+
+LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint,
+                                               const lmc_client_options *opts, lmc_client **out,
+                                               lmc_error *err) {
+    clear_error(err);
+    if (!endpoint || !out) {
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "endpoint and out are required");
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    lmc_client *c = calloc(1, sizeof(*c));
+    if (!c) {
+        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory");
+        return LMC_ERR_NO_MEMORY;
+    }
+    c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+    c->next_id = 1;
+    int connect_ms =
+        opts && opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : DEFAULT_CONNECT_MS;
+    int zero = 0;
+    c->zctx = zmq_ctx_new();
+    if (!c->zctx) goto zfail;
+    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (!c->sock) goto zfail;
+    /* Pipelining: no high-water mark, so a deep pipeline never blocks or drops. */
+    if (zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_SNDHWM, &zero, sizeof(zero)) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_RCVHWM, &zero, sizeof(zero)) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(int)) != 0)
+        goto zfail;
+#ifdef ZMQ_CONNECT_TIMEOUT
+    if (zmq_setsockopt(c->sock, ZMQ_CONNECT_TIMEOUT, &connect_ms, sizeof(int)) != 0) goto zfail;
+#else
+    (void)connect_ms;
+#endif
+    if (zmq_connect(c->sock, endpoint) != 0) goto zfail;
+    *out = c;
+    return LMC_OK;
+zfail:
+    lmcc_set_error(err, LMC_ERR_TRANSPORT, "zmq (%s): %s", endpoint, zmq_strerror(zmq_errno()));
+    if (c->sock) zmq_close(c->sock);
+    if (c->zctx) zmq_ctx_term(c->zctx);
+    free(c);
+    return LMC_ERR_TRANSPORT;
+}
+
+LMC_API lmc_status lmc_client_connect(const char *host, int port, const lmc_client_options *opts,
+                                      lmc_client **out, lmc_error *err) {
+    clear_error(err);
+    if (!host || port <= 0 || port > 65535) {
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "host and a port 1..65535 are required");
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    char ep[300];
+    int n = snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
+    if (n < 0 || (size_t)n >= sizeof(ep)) {
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "host name too long");
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    return lmc_client_connect_endpoint(ep, opts, out, err);
+}
+
+LMC_API void lmc_client_close(lmc_client *c) {
+    if (!c) return;
+    while (c->pending) {
+        lmc_reply *r = c->pending;
+        c->pending = r->next;
+        lmc_reply_free(r);
+    }
+    zmq_close(c->sock);
+    zmq_ctx_term(c->zctx);
+    free(c);
+}
+
+LMC_API void lmc_client_set_timeout(lmc_client *c, int timeout_ms) {
+    c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
+    /* Failure leaves the previous send timeout, which is harmless. */
+    (void)zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(int));
+}
+
+LMC_API size_t lmc_in_flight(const lmc_client *c) { return c->in_flight; }
+
+static void free_cb(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+/* Sends [id][op][payload]; takes ownership of `payload` (malloc'ed, freed by ZMQ after sending,
+ * or here on failure). */
+static lmc_status send_frames(lmc_client *c, const char *op, char *payload, size_t len,
+                              lmc_req_id *id, lmc_error *err) {
+    char idbuf[MAX_REQUEST_ID_BYTES];
+    uint64_t rid = c->next_id++;
+    int idn = snprintf(idbuf, sizeof(idbuf), "%llu", (unsigned long long)rid);
+    zmq_msg_t body;
+    int rc;
+    if (payload && len) {
+        rc = zmq_msg_init_data(&body, payload, len, free_cb, NULL);
+    } else {
+        free(payload);
+        rc = zmq_msg_init(&body);
+    }
+    if (rc != 0) {
+        if (payload && len) free(payload);
+        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "zmq_msg_init: %s", zmq_strerror(zmq_errno()));
+        return LMC_ERR_NO_MEMORY;
+    }
+    if (zmq_send(c->sock, idbuf, (size_t)idn, ZMQ_SNDMORE) < 0 ||
+        zmq_send(c->sock, op, strlen(op), ZMQ_SNDMORE) < 0 || zmq_msg_send(&body, c->sock, 0) < 0) {
+        int e = zmq_errno();
+        zmq_msg_close(&body);
+        lmc_status s = e == EAGAIN ? LMC_ERR_TIMEOUT : LMC_ERR_TRANSPORT;
+        lmcc_set_error(err, s, "send %s: %s", op,
+                       e == EAGAIN ? "no server accepted the request in time" : zmq_strerror(e));
+        return s;
+    }
+    c->in_flight++;
+    if (id) *id = rid;
+    return LMC_OK;
+}
+
+/* Finishes `m` and sends it as the payload of `op`. Destroys `m` in every case. */
+static lmc_status send_map(lmc_client *c, const char *op, struct lmcc_map *m, lmc_req_id *id,
+                           lmc_error *err) {
+    if (lmcc_map_finish(m) != 0) {
+        lmcc_map_destroy(m);
+        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory encoding %s", op);
+        return LMC_ERR_NO_MEMORY;
+    }
+    size_t len = m->buf.size;
+    char *data = msgpack_sbuffer_release(&m->buf);
+    lmcc_map_destroy(m);
+    return send_frames(c, op, data, len, id, err);
+}
+
+LMC_API lmc_status lmc_send_raw(lmc_client *c, const char *op, const void *payload, size_t len,
+                                lmc_req_id *id, lmc_error *err) {
+    clear_error(err);
+    if (!c || !op) {
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "client and op are required");
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    char *copy = NULL;
+    if (len) {
+        copy = malloc(len);
+        if (!copy) {
+            lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory");
+            return LMC_ERR_NO_MEMORY;
+        }
+        memcpy(copy, payload, len);
+    }
+    return send_frames(c, op, copy, len, id, err);
+}
+
+static bool is_abandoned(lmc_client *c, uint64_t id) {
+    for (size_t i = 0; i < c->nabandoned; i++)
+        if (c->abandoned[i] == id) {
+            c->abandoned[i] = c->abandoned[--c->nabandoned];
+            return true;
+        }
+    return false;
+}
+
+static void abandon(lmc_client *c, uint64_t id) {
+    if (c->nabandoned == MAX_ABANDONED) { /* forget the oldest: its reply, if any, is kept */
+        memmove(c->abandoned, c->abandoned + 1, (MAX_ABANDONED - 1) * sizeof(uint64_t));
+        c->nabandoned--;
+    }
+    c->abandoned[c->nabandoned++] = id;
+}
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Receives one whole message (waiting until `deadline`, a now_ms() value) and decodes it. */
+static lmc_status recv_one(lmc_client *c, int64_t deadline, lmc_reply **out, lmc_error *err) {
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left < 0) left = 0;
+        zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
+        int n = zmq_poll(&it, 1, (long)left);
+        if (n < 0) {
+            if (zmq_errno() == EINTR) continue;
+            lmcc_set_error(err, LMC_ERR_TRANSPORT, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+            return LMC_ERR_TRANSPORT;
+        }
+        if (n == 0) {
+            lmcc_set_error(err, LMC_ERR_TIMEOUT, "no reply within %d ms", c->timeout_ms);
+            return LMC_ERR_TIMEOUT;
+        }
+        break;
+    }
+    lmc_reply *r = calloc(1, sizeof(*r));
+    if (!r) {
+        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory");
+        return LMC_ERR_NO_MEMORY;
+    }
+    msgpack_unpacked_init(&r->up);
+    zmq_msg_init(&r->body);
+    zmq_msg_t part;
+    int nframes = 0, more = 1;
+    lmc_status s = LMC_OK;
+    while (more) {
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, c->sock, 0) < 0) {
+            int e = zmq_errno();
+            zmq_msg_close(&part);
+            if (e == EINTR) continue;
+            lmcc_set_error(err, LMC_ERR_TRANSPORT, "receive: %s", zmq_strerror(e));
+            s = LMC_ERR_TRANSPORT;
+            break;
+        }
+        more = zmq_msg_more(&part);
+        const char *d = zmq_msg_data(&part);
+        size_t l = zmq_msg_size(&part);
+        if (nframes == 0) {
+            r->id = lmcc_parse_id(d, l);
+        } else if (nframes == 1) {
+            snprintf(r->op, sizeof(r->op), "%.*s", l > 63 ? 63 : (int)l, d);
+        } else if (nframes == 2) {
+            zmq_msg_move(&r->body, &part);
+        }
+        zmq_msg_close(&part);
+        nframes++;
+    }
+    if (s == LMC_OK && nframes != 3) {
+        lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply has %d frames, not 3", nframes);
+        s = LMC_ERR_PROTOCOL;
+    }
+    if (s == LMC_OK)
+        s = lmcc_decode_reply(zmq_msg_data(&r->body), zmq_msg_size(&r->body), &r->up, &r->map,
+                              err);
+    if (s != LMC_OK) {
+        /* The reply still answers one request, whatever its shape. */
+        if (nframes >= 1 && c->in_flight) c->in_flight--;
+        lmc_reply_free(r);
+        return s;
+    }
+    *out = r;
+    return LMC_OK;
+}
+
+static lmc_status wait_until(lmc_client *c, bool any, lmc_req_id id, lmc_reply **out,
+                             lmc_error *err) {
+    clear_error(err);
+    /* Replies already received: for `any`, the oldest one (the tail of the list). */
+    lmc_reply **pp = &c->pending, **hit = NULL;
+    for (; *pp; pp = &(*pp)->next)
+        if (any || (*pp)->id == id) hit = pp;
+    if (hit) {
+        lmc_reply *r = *hit;
+        *hit = r->next;
+        r->next = NULL;
+        c->in_flight--;
+        *out = r;
+        return LMC_OK;
+    }
+    int64_t deadline = now_ms() + c->timeout_ms;
+    for (;;) {
+        lmc_reply *r;
+        lmc_status s = recv_one(c, deadline, &r, err);
+        if (s != LMC_OK) return s;
+        if (is_abandoned(c, r->id)) {
+            c->in_flight--;
+            lmc_reply_free(r);
+            continue;
+        }
+        if (any || r->id == id) {
+            c->in_flight--;
+            *out = r;
+            return LMC_OK;
+        }
+        r->next = c->pending;
+        c->pending = r;
+    }
+}
+
+LMC_API lmc_status lmc_wait(lmc_client *c, lmc_req_id id, lmc_reply **out, lmc_error *err) {
+    return wait_until(c, false, id, out, err);
+}
+
+LMC_API lmc_status lmc_recv(lmc_client *c, lmc_reply **out, lmc_error *err) {
+    return wait_until(c, true, 0, out, err);
+}
+
+/* ---- request builders -------------------------------------------------------------------- */
+
+static lmc_status bad_arg(lmc_error *err, const char *what) {
+    lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "%s", what);
+    return LMC_ERR_INVALID_ARGUMENT;
+}
+
+LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const char *model_name,
+                                   int64_t world_size, const lmc_chunks *ch,
+                                   int64_t num_kv_readers, lmc_req_id *id, lmc_error *err) {
+    clear_error(err);
+    if (!request_id || !model_name) return bad_arg(err, "request_id and model_name are required");
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    lmcc_put_str(&m, "request_id", request_id);
+    lmcc_put_str(&m, "model_name", model_name);
+    lmcc_put_int(&m, "world_size", world_size > 0 ? world_size : 1);
+    lmcc_put_int(&m, "num_kv_readers", num_kv_readers > 0 ? num_kv_readers : 1);
+    lmc_status s = lmcc_put_chunks(&m, ch, err);
+    if (s != LMC_OK) {
+        lmcc_map_destroy(&m);
+        return s;
+    }
+    return send_map(c, "lookup", &m, id, err);
+}
+
+static lmc_status send_request_id_only(lmc_client *c, const char *op, const char *request_id,
+                                       lmc_req_id *id, lmc_error *err) {
+    clear_error(err);
+    if (!request_id) return bad_arg(err, "request_id is required");
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    lmcc_put_str(&m, "request_id", request_id);
+    return send_map(c, op, &m, id, err);
+}
+
+LMC_API lmc_status lmc_send_query_prefetch_status(lmc_client *c, const char *request_id,
+                                                  lmc_req_id *id, lmc_error *err) {
+    return send_request_id_only(c, "query_prefetch_status", request_id, id, err);
+}
+
+LMC_API lmc_status lmc_send_end_session(lmc_client *c, const char *request_id, lmc_req_id *id,
+                                        lmc_error *err) {
+    return send_request_id_only(c, "end_session", request_id, id, err);
+}
+
+LMC_API lmc_status lmc_send_retrieve(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
+                                     const int64_t *block_ids, size_t num_block_ids,
+                                     const char *request_id, int64_t skip_first_n_tokens,
+                                     lmc_req_id *id, lmc_error *err) {
+    clear_error(err);
+    if (!block_ids && num_block_ids) return bad_arg(err, "block_ids is NULL");
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    lmcc_put_int(&m, "instance_id", instance_id);
+    lmcc_put_i64_array(&m, "block_ids", block_ids, num_block_ids);
+    if (request_id) lmcc_put_str(&m, "request_id", request_id);
+    if (skip_first_n_tokens) lmcc_put_int(&m, "skip_first_n_tokens", skip_first_n_tokens);
+    lmc_status s = lmcc_put_chunks(&m, ch, err);
+    if (s != LMC_OK) {
+        lmcc_map_destroy(&m);
+        return s;
+    }
+    return send_map(c, "retrieve", &m, id, err);
+}
+
+LMC_API lmc_status lmc_send_store(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
+                                  const int64_t *block_ids, size_t num_block_ids, lmc_req_id *id,
+                                  lmc_error *err) {
+    clear_error(err);
+    if (!block_ids && num_block_ids) return bad_arg(err, "block_ids is NULL");
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    lmcc_put_int(&m, "instance_id", instance_id);
+    lmcc_put_i64_array(&m, "block_ids", block_ids, num_block_ids);
+    lmc_status s = lmcc_put_chunks(&m, ch, err);
+    if (s != LMC_OK) {
+        lmcc_map_destroy(&m);
+        return s;
+    }
+    return send_map(c, "store", &m, id, err);
+}
+
+static void put_rank(struct lmcc_map *m, const char *model_name, int64_t world_size,
+                     int64_t worker_id) {
+    lmcc_put_str(m, "model_name", model_name);
+    lmcc_put_int(m, "world_size", world_size > 0 ? world_size : 1);
+    lmcc_put_int(m, "worker_id", worker_id > 0 ? worker_id : 0);
+}
+
+LMC_API lmc_status lmc_send_store_bytes(lmc_client *c, const char *model_name, int64_t world_size,
+                                        int64_t worker_id, const lmc_chunks *ch,
+                                        const void *const *chunks, const size_t *chunk_lens,
+                                        size_t num_chunks, lmc_req_id *id, lmc_error *err) {
+    clear_error(err);
+    if (!model_name) return bad_arg(err, "model_name is required");
+    if (num_chunks && (!chunks || !chunk_lens)) return bad_arg(err, "chunks is NULL");
+    if (num_chunks > UINT32_MAX) return bad_arg(err, "too many chunks");
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    put_rank(&m, model_name, world_size, worker_id);
+    lmc_status s = lmcc_put_chunks(&m, ch, err);
+    if (s != LMC_OK) {
+        lmcc_map_destroy(&m);
+        return s;
+    }
+    put_key(&m, "chunks");
+    if (msgpack_pack_array(&m.pk, num_chunks) != 0) m.failed = 1;
+    for (size_t i = 0; i < num_chunks && !m.failed; i++) {
+        if (chunk_lens[i] > UINT32_MAX) {
+            lmcc_map_destroy(&m);
+            return bad_arg(err, "a chunk is larger than 4 GiB");
+        }
+        if (msgpack_pack_bin(&m.pk, chunk_lens[i]) != 0 ||
+            msgpack_pack_bin_body(&m.pk, chunks[i], chunk_lens[i]) != 0)
+            m.failed = 1;
+    }
+    return send_map(c, "store_bytes", &m, id, err);
+}
+
+LMC_API lmc_status lmc_send_retrieve_bytes(lmc_client *c, const char *model_name,
+                                           int64_t world_size, int64_t worker_id,
+                                           const lmc_chunks *ch, const char *request_id,
+                                           lmc_req_id *id, lmc_error *err) {
+    clear_error(err);
+    if (!model_name) return bad_arg(err, "model_name is required");
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    put_rank(&m, model_name, world_size, worker_id);
+    if (request_id) lmcc_put_str(&m, "request_id", request_id);
+    lmc_status s = lmcc_put_chunks(&m, ch, err);
+    if (s != LMC_OK) {
+        lmcc_map_destroy(&m);
+        return s;
+    }
+    return send_map(c, "retrieve_bytes", &m, id, err);
+}
+
+LMC_API lmc_status lmc_send_free_lookup_locks(lmc_client *c, const char *request_id, int64_t start,
+                                              int64_t end, int64_t worker_id, lmc_req_id *id,
+                                              lmc_error *err) {
+    clear_error(err);
+    if (!request_id) return bad_arg(err, "request_id is required");
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    lmcc_put_str(&m, "request_id", request_id);
+    if (start >= 0) lmcc_put_int(&m, "start", start);
+    if (end >= 0) lmcc_put_int(&m, "end", end);
+    if (worker_id >= 0) lmcc_put_int(&m, "worker_id", worker_id);
+    return send_map(c, "free_lookup_locks", &m, id, err);
+}
+
+LMC_API lmc_status lmc_send_ping(lmc_client *c, int64_t instance_id, lmc_req_id *id,
+                                 lmc_error *err) {
+    clear_error(err);
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    if (instance_id >= 0) lmcc_put_int(&m, "instance_id", instance_id);
+    return send_map(c, "ping", &m, id, err);
+}
+
+static lmc_status send_empty(lmc_client *c, const char *op, lmc_req_id *id, lmc_error *err) {
+    clear_error(err);
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    return send_map(c, op, &m, id, err);
+}
+
+LMC_API lmc_status lmc_send_noop(lmc_client *c, lmc_req_id *id, lmc_error *err) {
+    return send_empty(c, "noop", id, err);
+}
+LMC_API lmc_status lmc_send_clear(lmc_client *c, lmc_req_id *id, lmc_error *err) {
+    return send_empty(c, "clear", id, err);
+}
+LMC_API lmc_status lmc_send_get_chunk_size(lmc_client *c, lmc_req_id *id, lmc_error *err) {
+    return send_empty(c, "get_chunk_size", id, err);
+}
+
+/* ---- synchronous calls ------------------------------------------------------------------- */
+
+/* Waits for the reply of a request just sent (`sent` is the send's status). On LMC_OK or a
+ * server error *out holds the reply (free it); on a client-side failure *out is NULL. */
+static lmc_status finish(lmc_client *c, lmc_status sent, lmc_req_id id, lmc_reply **out,
+                         lmc_error *err) {
+    *out = NULL;
+    if (sent != LMC_OK) return sent;
+    lmc_status s = lmc_wait(c, id, out, err);
+    if (s != LMC_OK) {
+        if (s == LMC_ERR_TIMEOUT) abandon(c, id);
+        return s;
+    }
+    return lmc_reply_status(*out, err);
+}
+
+static void out_u64(const lmc_reply *r, const char *field, uint64_t *out) {
+    if (out && r && !lmc_reply_get_u64(r, field, out)) *out = 0;
+}
+
+/* A reply that says ok but lacks a field the protocol promises. */
+static lmc_status need_u64(lmc_reply *r, const char *field, uint64_t *out, lmc_error *err) {
+    uint64_t v;
+    if (!lmc_reply_get_u64(r, field, &v)) {
+        lmcc_set_error(err, LMC_ERR_PROTOCOL, "%s reply lacks an unsigned integer '%s'",
+                       lmc_reply_op(r), field);
+        return LMC_ERR_PROTOCOL;
+    }
+    if (out) *out = v;
+    return LMC_OK;
+}
+
+LMC_API lmc_status lmc_noop(lmc_client *c, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c, lmc_send_noop(c, &id, err), id, &r, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_ping(lmc_client *c, int64_t instance_id, double *server_time,
+                            lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c, lmc_send_ping(c, instance_id, &id, err), id, &r, err);
+    if (s == LMC_OK && server_time && !get_double(r, "server_time", server_time))
+        *server_time = 0;
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_get_chunk_size(lmc_client *c, uint64_t *chunk_size, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c, lmc_send_get_chunk_size(c, &id, err), id, &r, err);
+    if (s == LMC_OK) s = need_u64(r, "chunk_size", chunk_size, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_clear(lmc_client *c, uint64_t *cleared, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c, lmc_send_clear(c, &id, err), id, &r, err);
+    out_u64(r, "cleared", cleared);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_lookup(lmc_client *c, const char *request_id, const char *model_name,
+                              int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
+                              lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s =
+        finish(c, lmc_send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, &id,
+                                  err),
+               id, &r, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_id, bool *ready,
+                                             uint64_t *hit_chunks, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c, lmc_send_query_prefetch_status(c, request_id, &id, err), id, &r, err);
+    if (s == LMC_OK) {
+        bool rd;
+        if (!lmc_reply_get_bool(r, "ready", &rd)) {
+            lmcc_set_error(err, LMC_ERR_PROTOCOL, "query_prefetch_status reply lacks 'ready'");
+            s = LMC_ERR_PROTOCOL;
+        } else {
+            if (ready) *ready = rd;
+            if (rd) s = need_u64(r, "hit_chunks", hit_chunks, err);
+            else if (hit_chunks) *hit_chunks = 0;
+        }
+    }
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const char *model_name,
+                                   int64_t world_size, const lmc_chunks *ch,
+                                   int64_t num_kv_readers, unsigned poll_us, uint64_t *hit_chunks,
+                                   lmc_error *err) {
+    lmc_status s = lmc_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, err);
+    if (s != LMC_OK) return s;
+    int64_t deadline = now_ms() + c->timeout_ms;
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(poll_us ? poll_us : 100) * 1000};
+    for (;;) {
+        bool ready = false;
+        s = lmc_query_prefetch_status(c, request_id, &ready, hit_chunks, err);
+        if (s != LMC_OK || ready) return s;
+        if (now_ms() > deadline) {
+            lmcc_set_error(err, LMC_ERR_TIMEOUT, "lookup %s not ready within %d ms", request_id,
+                           c->timeout_ms);
+            return LMC_ERR_TIMEOUT;
+        }
+        nanosleep(&ts, NULL);
+    }
+}
+
+LMC_API lmc_status lmc_retrieve(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
+                                const int64_t *block_ids, size_t num_block_ids,
+                                const char *request_id, int64_t skip_first_n_tokens,
+                                uint64_t *retrieved_chunks, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c,
+                          lmc_send_retrieve(c, instance_id, ch, block_ids, num_block_ids,
+                                            request_id, skip_first_n_tokens, &id, err),
+                          id, &r, err);
+    if (s == LMC_OK) s = need_u64(r, "retrieved_chunks", retrieved_chunks, err);
+    else out_u64(r, "retrieved_chunks", retrieved_chunks);
+    lmc_reply_free(r);
+    return s;
+}
+
+static lmc_status store_counts(lmc_status s, lmc_reply *r, uint64_t *stored, uint64_t *skipped,
+                               lmc_error *err) {
+    if (s == LMC_OK) {
+        s = need_u64(r, "stored_chunks", stored, err);
+        if (s == LMC_OK) s = need_u64(r, "skipped_chunks", skipped, err);
+    } else {
+        out_u64(r, "stored_chunks", stored);
+        out_u64(r, "skipped_chunks", skipped);
+    }
+    return s;
+}
+
+LMC_API lmc_status lmc_store(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
+                             const int64_t *block_ids, size_t num_block_ids,
+                             uint64_t *stored_chunks, uint64_t *skipped_chunks, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(
+        c, lmc_send_store(c, instance_id, ch, block_ids, num_block_ids, &id, err), id, &r, err);
+    s = store_counts(s, r, stored_chunks, skipped_chunks, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_store_bytes(lmc_client *c, const char *model_name, int64_t world_size,
+                                   int64_t worker_id, const lmc_chunks *ch,
+                                   const void *const *chunks, const size_t *chunk_lens,
+                                   size_t num_chunks, uint64_t *stored_chunks,
+                                   uint64_t *skipped_chunks, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c,
+                          lmc_send_store_bytes(c, model_name, world_size, worker_id, ch, chunks,
+                                               chunk_lens, num_chunks, &id, err),
+                          id, &r, err);
+    s = store_counts(s, r, stored_chunks, skipped_chunks, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_retrieve_bytes(lmc_client *c, const char *model_name, int64_t world_size,
+                                      int64_t worker_id, const lmc_chunks *ch,
+                                      const char *request_id, lmc_reply **out, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    *out = NULL;
+    lmc_status s = finish(
+        c, lmc_send_retrieve_bytes(c, model_name, world_size, worker_id, ch, request_id, &id, err),
+        id, &r, err);
+    if (s == LMC_OK) {
+        const msgpack_object *o = lmcc_map_get(r->map, "chunks");
+        bool good = o && o->type == MSGPACK_OBJECT_ARRAY;
+        for (uint32_t i = 0; good && i < o->via.array.size; i++)
+            good = o->via.array.ptr[i].type == MSGPACK_OBJECT_BIN;
+        if (!good) {
+            lmcc_set_error(err, LMC_ERR_PROTOCOL, "retrieve_bytes reply lacks an array of bin "
+                                                  "'chunks'");
+            s = LMC_ERR_PROTOCOL;
+        }
+    }
+    if (s == LMC_OK) *out = r;
+    else lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_free_lookup_locks(lmc_client *c, const char *request_id, int64_t start,
+                                         int64_t end, int64_t worker_id, uint64_t *released,
+                                         lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(
+        c, lmc_send_free_lookup_locks(c, request_id, start, end, worker_id, &id, err), id, &r, err);
+    if (s == LMC_OK) s = need_u64(r, "released", released, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_end_session(lmc_client *c, const char *request_id, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c, lmc_send_end_session(c, request_id, &id, err), id, &r, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+/* ---- registered KV caches ---------------------------------------------------------------- */
+
+LMC_API uint64_t lmc_kv_block_bytes(const lmc_kv_layout *l) {
+    if (!l || l->tokens_per_block == 0 || l->bytes_per_token == 0) return 0;
+    if (l->bytes_per_token > UINT64_MAX / l->tokens_per_block) return 0;
+    return (uint64_t)l->tokens_per_block * l->bytes_per_token;
+}
+
+static uint32_t kv_count(const lmc_kv_layout *l) { return l->kv_count ? l->kv_count : 2; }
+
+LMC_API uint64_t lmc_kv_total_bytes(const lmc_kv_layout *l) {
+    uint64_t bb = lmc_kv_block_bytes(l);
+    if (bb == 0 || l->num_layers == 0 || l->num_blocks == 0 || kv_count(l) > 2) return 0;
+    uint64_t per_block = (uint64_t)l->num_layers * kv_count(l); /* < 2^33 */
+    if (l->num_blocks > UINT64_MAX / per_block) return 0;
+    uint64_t units = per_block * l->num_blocks;
+    if (bb > UINT64_MAX / units) return 0;
+    return units * bb;
+}
+
+LMC_API uint64_t lmc_kv_offset(const lmc_kv_layout *l, uint32_t layer, uint32_t k, uint32_t block,
+                               uint32_t token) {
+    uint64_t bb = lmc_kv_block_bytes(l), unit;
+    if (l->block_order == LMC_BLOCK_MAJOR)
+        unit = ((uint64_t)block * l->num_layers + layer) * kv_count(l) + k;
+    else
+        unit = ((uint64_t)layer * kv_count(l) + k) * l->num_blocks + block;
+    return unit * bb + (uint64_t)token * l->bytes_per_token;
+}
+
+struct lmc_kv_context {
+    int64_t instance_id;
+    lmc_kv_layout layout;
+    char dtype[32];
+    char shm_name[256];
+    void *base;
+    uint64_t size;
+    bool created; /* this library created the object and unlinks it */
+};
+
+static void put_register(struct lmcc_map *m, const lmc_register_args *a, const char *shm_name) {
+    lmcc_put_int(m, "instance_id", a->instance_id);
+    lmcc_put_str(m, "model_name", a->model_name);
+    lmcc_put_int(m, "world_size", a->world_size > 0 ? a->world_size : 1);
+    lmcc_put_int(m, "worker_id", a->worker_id > 0 ? a->worker_id : 0);
+    lmcc_put_str(m, "shm_name", shm_name);
+    lmcc_put_layout(m, &a->layout);
+}
+
+static lmc_status send_register(lmc_client *c, const lmc_register_args *a, const char *shm_name,
+                                lmc_error *err) {
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    put_register(&m, a, shm_name);
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c, send_map(c, "register_kv_cache", &m, &id, err), id, &r, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_register_kv_cache_raw(lmc_client *c, const lmc_register_args *a,
+                                             lmc_error *err) {
+    clear_error(err);
+    if (!c || !a || !a->model_name || !a->shm_name)
+        return bad_arg(err, "model_name and shm_name are required");
+    return send_register(c, a, a->shm_name, err);
+}
+
+LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args *a,
+                                         lmc_kv_context **out, lmc_error *err) {
+    clear_error(err);
+    if (!c || !a || !a->model_name || !out) return bad_arg(err, "model_name and out are required");
+    uint64_t size = lmc_kv_total_bytes(&a->layout);
+    if (size == 0 || size > (uint64_t)SIZE_MAX || (off_t)size < 0)
+        return bad_arg(err, "invalid KV layout (zero field, kv_count > 2 or overflow)");
+    lmc_kv_context *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx) {
+        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory");
+        return LMC_ERR_NO_MEMORY;
+    }
+    ctx->instance_id = a->instance_id;
+    ctx->layout = a->layout;
+    ctx->layout.kv_count = kv_count(&a->layout);
+    if (a->layout.dtype) {
+        snprintf(ctx->dtype, sizeof(ctx->dtype), "%s", a->layout.dtype);
+        ctx->layout.dtype = ctx->dtype;
+    }
+    int n = a->shm_name ? snprintf(ctx->shm_name, sizeof(ctx->shm_name), "%s", a->shm_name)
+                        : snprintf(ctx->shm_name, sizeof(ctx->shm_name), "/lmcache-kv-%ld-%lld",
+                                   (long)getpid(), (long long)a->instance_id);
+    if (n < 0 || (size_t)n >= sizeof(ctx->shm_name) || ctx->shm_name[0] != '/') {
+        free(ctx);
+        return bad_arg(err, "shm_name must start with '/' and be shorter than 256 bytes");
+    }
+    int fd = shm_open(ctx->shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+        ctx->created = true;
+    } else if (errno == EEXIST) {
+        fd = shm_open(ctx->shm_name, O_RDWR, 0600);
+    }
+    struct stat st;
+    lmc_status s = LMC_OK;
+    if (fd < 0) {
+        lmcc_set_error(err, LMC_ERR_SYSTEM, "shm_open %s: %s", ctx->shm_name, strerror(errno));
+        s = LMC_ERR_SYSTEM;
+    } else if (fstat(fd, &st) != 0) {
+        lmcc_set_error(err, LMC_ERR_SYSTEM, "fstat %s: %s", ctx->shm_name, strerror(errno));
+        s = LMC_ERR_SYSTEM;
+    } else if ((uint64_t)st.st_size < size && ftruncate(fd, (off_t)size) != 0) {
+        lmcc_set_error(err, LMC_ERR_SYSTEM, "ftruncate %s to %llu bytes: %s", ctx->shm_name,
+                       (unsigned long long)size, strerror(errno));
+        s = LMC_ERR_SYSTEM;
+    } else {
+        void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            lmcc_set_error(err, LMC_ERR_SYSTEM, "mmap %s: %s", ctx->shm_name, strerror(errno));
+            s = LMC_ERR_SYSTEM;
+        } else {
+            ctx->base = p;
+            ctx->size = size;
+        }
+    }
+    if (fd >= 0) close(fd);
+    if (s == LMC_OK) s = send_register(c, a, ctx->shm_name, err);
+    if (s != LMC_OK) {
+        if (ctx->base) munmap(ctx->base, (size_t)ctx->size);
+        if (ctx->created) shm_unlink(ctx->shm_name);
+        free(ctx);
+        return s;
+    }
+    *out = ctx;
+    return LMC_OK;
+}
+
+LMC_API void *lmc_kv_base(const lmc_kv_context *ctx) { return ctx->base; }
+LMC_API uint64_t lmc_kv_size(const lmc_kv_context *ctx) { return ctx->size; }
+LMC_API const char *lmc_kv_shm_name(const lmc_kv_context *ctx) { return ctx->shm_name; }
+LMC_API int64_t lmc_kv_instance_id(const lmc_kv_context *ctx) { return ctx->instance_id; }
+LMC_API const lmc_kv_layout *lmc_kv_layout_of(const lmc_kv_context *ctx) { return &ctx->layout; }
+
+LMC_API lmc_status lmc_unregister_instance(lmc_client *c, int64_t instance_id, lmc_error *err) {
+    clear_error(err);
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    lmcc_put_int(&m, "instance_id", instance_id);
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c, send_map(c, "unregister_kv_cache", &m, &id, err), id, &r, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_unregister_kv_cache(lmc_client *c, lmc_kv_context *ctx, lmc_error *err) {
+    clear_error(err);
+    if (!ctx) return LMC_OK;
+    lmc_status s = c ? lmc_unregister_instance(c, ctx->instance_id, err) : LMC_OK;
+    if (ctx->base) munmap(ctx->base, (size_t)ctx->size);
+    if (ctx->created) shm_unlink(ctx->shm_name);
+    free(ctx);
+    return s;
+}

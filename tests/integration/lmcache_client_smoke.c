@@ -1,0 +1,198 @@
+/* lmcache_client_smoke HOST PORT: drives a running `lmcache server` through every operation of
+ * liblmcache-client (linked as the shared library) and checks every byte that comes back.
+ * Prints one line per step; exit 0 when all pass, 1 otherwise. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lmcache/client.h"
+
+#define LAYERS 3
+#define BLOCKS 64
+#define TPB    16
+#define BPT    64
+
+static int failures;
+
+static void check(const char *what, lmc_status s, const lmc_error *e) {
+    if (s == LMC_OK) {
+        printf("ok   %s\n", what);
+    } else {
+        printf("FAIL %s: %s (%s)\n", what, e->message, e->code);
+        failures++;
+    }
+}
+
+static void expect(const char *what, int cond) {
+    printf("%s %s\n", cond ? "ok  " : "FAIL", what);
+    if (!cond) failures++;
+}
+
+static void fill(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        p[i] = (unsigned char)(seed >> 16);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s HOST PORT\n", argv[0]);
+        return 2;
+    }
+    lmc_error e;
+    lmc_client *c;
+    lmc_client_options o = {.timeout_ms = 10000};
+    if (lmc_client_connect(argv[1], atoi(argv[2]), &o, &c, &e) != LMC_OK) {
+        printf("FAIL connect: %s\n", e.message);
+        return 1;
+    }
+    check("noop", lmc_noop(c, &e), &e);
+    uint64_t chunk = 0;
+    check("get_chunk_size", lmc_get_chunk_size(c, &chunk, &e), &e);
+    if (chunk == 0 || chunk % TPB) {
+        printf("FAIL chunk size %llu is not a multiple of %d\n", (unsigned long long)chunk, TPB);
+        return 1;
+    }
+    size_t bpc = chunk / TPB; /* blocks per chunk */
+    char shm[64];
+    snprintf(shm, sizeof(shm), "/lmcache-smoke-%d", (int)getpid());
+    lmc_register_args ra = {.instance_id = 7,
+                            .model_name = "smoke-model",
+                            .shm_name = shm,
+                            .layout = {.num_layers = LAYERS,
+                                       .num_blocks = BLOCKS,
+                                       .tokens_per_block = TPB,
+                                       .bytes_per_token = BPT,
+                                       .kv_count = 2,
+                                       .block_order = LMC_LAYER_MAJOR,
+                                       .dtype = "bfloat16"}};
+    lmc_kv_context *kv = NULL;
+    lmc_status s = lmc_register_kv_cache(c, &ra, &kv, &e);
+    check("register_kv_cache", s, &e);
+    if (s != LMC_OK) return 1;
+    unsigned char *base = lmc_kv_base(kv);
+    size_t size = lmc_kv_size(kv);
+    fill(base, size, (unsigned)getpid());
+    unsigned char *orig = malloc(size);
+    if (!orig) return 1;
+    memcpy(orig, base, size);
+
+    /* Two chunks in blocks [0, 2*bpc). */
+    size_t ntok = 2 * chunk;
+    uint32_t *toks = malloc(ntok * sizeof(uint32_t));
+    int64_t *blocks = malloc(2 * bpc * sizeof(int64_t));
+    if (!toks || !blocks) return 1;
+    for (size_t i = 0; i < ntok; i++) toks[i] = (uint32_t)(getpid() * 1000 + i);
+    for (size_t i = 0; i < 2 * bpc; i++) blocks[i] = (int64_t)i;
+    lmc_chunks ch = {.token_ids = toks, .num_tokens = ntok, .end = -1};
+
+    uint64_t hits = 99, stored = 0, skipped = 0, got = 0;
+    check("lookup (cold)", lmc_lookup_wait(c, "smoke-1", "smoke-model", 1, &ch, 1, 0, &hits, &e),
+          &e);
+    expect("cold lookup misses", hits == 0);
+    check("end_session", lmc_end_session(c, "smoke-1", &e), &e);
+    check("store", lmc_store(c, 7, &ch, blocks, 2 * bpc, &stored, &skipped, &e), &e);
+    expect("store stored 2 chunks", stored == 2 && skipped == 0);
+    check("store again", lmc_store(c, 7, &ch, blocks, 2 * bpc, &stored, &skipped, &e), &e);
+    expect("existing chunks skipped", stored == 0 && skipped == 2);
+
+    memset(base, 0, size);
+    check("lookup (warm)", lmc_lookup_wait(c, "smoke-2", "smoke-model", 1, &ch, 1, 0, &hits, &e),
+          &e);
+    expect("warm lookup hits 2 chunks", hits == 2);
+    check("retrieve", lmc_retrieve(c, 7, &ch, blocks, 2 * bpc, "smoke-2", 0, &got, &e), &e);
+    expect("retrieved 2 chunks", got == 2);
+    check("end_session", lmc_end_session(c, "smoke-2", &e), &e);
+    int same = 1;
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t k = 0; k < 2; k++) {
+            uint64_t off = lmc_kv_offset(lmc_kv_layout_of(kv), l, k, 0, 0);
+            same &= memcmp(base + off, orig + off, 2 * bpc * TPB * BPT) == 0;
+        }
+    expect("retrieved blocks are byte-identical", same);
+
+    /* The same chunks over the socket. */
+    lmc_reply *r = NULL;
+    check("retrieve_bytes", lmc_retrieve_bytes(c, "smoke-model", 1, 0, &ch, NULL, &r, &e), &e);
+    expect("retrieve_bytes returned 2 chunks", r && lmc_reply_num_chunks(r) == 2);
+    const void *b0 = NULL;
+    size_t l0 = 0;
+    if (r) lmc_reply_chunk(r, 0, &b0, &l0);
+    expect("chunk object size is kv_count*layers*chunk*bpt", l0 == 2 * LAYERS * chunk * BPT);
+    if (r && l0 == 2 * LAYERS * chunk * BPT) {
+        /* [K|V][layer][token][bytes] from layer_major engine blocks. */
+        const unsigned char *p = b0;
+        int ok = 1;
+        for (uint32_t k = 0; k < 2; k++)
+            for (uint32_t l = 0; l < LAYERS; l++) {
+                uint64_t off = lmc_kv_offset(lmc_kv_layout_of(kv), l, k, 0, 0);
+                ok &= memcmp(p + ((size_t)k * LAYERS + l) * chunk * BPT, orig + off,
+                             chunk * BPT) == 0;
+            }
+        expect("retrieve_bytes object layout is [K|V][layer][token][bytes]", ok);
+    }
+    lmc_reply_free(r);
+
+    uint32_t *toks2 = malloc(chunk * sizeof(uint32_t));
+    unsigned char *obj = malloc(2 * LAYERS * chunk * BPT);
+    if (!toks2 || !obj) return 1;
+    for (size_t i = 0; i < chunk; i++) toks2[i] = (uint32_t)(7u << 28) + (uint32_t)i;
+    fill(obj, 2 * LAYERS * chunk * BPT, 42);
+    lmc_chunks ch2 = {.token_ids = toks2, .num_tokens = chunk, .end = -1};
+    const void *bufs[1] = {obj};
+    size_t lens[1] = {2 * LAYERS * chunk * BPT};
+    check("store_bytes", lmc_store_bytes(c, "smoke-model", 1, 0, &ch2, bufs, lens, 1, &stored,
+                                         &skipped, &e),
+          &e);
+    r = NULL;
+    check("retrieve_bytes", lmc_retrieve_bytes(c, "smoke-model", 1, 0, &ch2, NULL, &r, &e), &e);
+    if (r && lmc_reply_chunk(r, 0, &b0, &l0))
+        expect("store_bytes/retrieve_bytes byte-identical", l0 == lens[0] && !memcmp(b0, obj, l0));
+    else
+        expect("store_bytes/retrieve_bytes byte-identical", 0);
+    lmc_reply_free(r);
+
+    /* Pipelined: 64 noops and a get_chunk_size, collected newest first. */
+    lmc_req_id ids[65];
+    for (int i = 0; i < 64; i++) lmc_send_noop(c, &ids[i], &e);
+    lmc_send_get_chunk_size(c, &ids[64], &e);
+    int pipe_ok = lmc_in_flight(c) == 65;
+    for (int i = 64; i >= 0; i--) {
+        lmc_reply *pr;
+        if (lmc_wait(c, ids[i], &pr, &e) != LMC_OK) {
+            pipe_ok = 0;
+            break;
+        }
+        pipe_ok &= lmc_reply_id(pr) == ids[i];
+        pipe_ok &= strcmp(lmc_reply_op(pr), i == 64 ? "get_chunk_size" : "noop") == 0;
+        lmc_reply_free(pr);
+    }
+    expect("65 pipelined requests matched by id", pipe_ok && lmc_in_flight(c) == 0);
+
+    /* Error replies come back as values. */
+    s = lmc_retrieve(c, 12345, &ch, blocks, 2 * bpc, NULL, 0, &got, &e);
+    expect("retrieve on an unregistered instance is not_registered",
+           s == LMC_ERR_NOT_REGISTERED && strcmp(e.code, "not_registered") == 0);
+    s = lmc_store(c, 7, &ch, blocks, 1, &stored, &skipped, &e);
+    expect("store with too few block ids is invalid_blocks", s == LMC_ERR_INVALID_BLOCKS);
+
+    double t = 0;
+    check("ping", lmc_ping(c, 7, &t, &e), &e);
+    expect("ping server_time", t > 0);
+    uint64_t cleared = 0;
+    check("clear", lmc_clear(c, &cleared, &e), &e);
+    expect("clear freed the 3 objects", cleared == 3);
+    check("unregister_kv_cache", lmc_unregister_kv_cache(c, kv, &e), &e);
+    s = lmc_unregister_instance(c, 7, &e);
+    expect("second unregister is not_registered", s == LMC_ERR_NOT_REGISTERED);
+    lmc_client_close(c);
+    free(orig);
+    free(toks);
+    free(toks2);
+    free(obj);
+    free(blocks);
+    printf("%s\n", failures ? "FAILED" : "OK");
+    return failures ? 1 : 0;
+}
