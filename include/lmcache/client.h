@@ -79,9 +79,8 @@ typedef struct lmc_client_options {
 LMC_API lmc_status lmc_client_connect(const char *host, int port, const lmc_client_options *opts,
                                       lmc_client **out, lmc_error *err);
 /* Same with a full ZMQ endpoint ("tcp://127.0.0.1:5555", "ipc:///run/lmcache.sock"). */
-LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint,
-                                               const lmc_client_options *opts, lmc_client **out,
-                                               lmc_error *err);
+LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_client_options *opts,
+                                               lmc_client **out, lmc_error *err);
 /* Closes the socket; replies still in flight are dropped. NULL is a no-op. */
 LMC_API void lmc_client_close(lmc_client *c);
 LMC_API void lmc_client_set_timeout(lmc_client *c, int timeout_ms);
@@ -202,8 +201,8 @@ LMC_API lmc_status lmc_send_raw(lmc_client *c, const char *op, const void *paylo
                                 lmc_req_id *id, lmc_error *err);
 
 LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const char *model_name,
-                                   int64_t world_size, const lmc_chunks *ch,
-                                   int64_t num_kv_readers, lmc_req_id *id, lmc_error *err);
+                                   int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
+                                   lmc_req_id *id, lmc_error *err);
 LMC_API lmc_status lmc_send_query_prefetch_status(lmc_client *c, const char *request_id,
                                                   lmc_req_id *id, lmc_error *err);
 /* request_id may be NULL (the server takes its own lock per chunk). */
@@ -252,9 +251,8 @@ LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_
                                              uint64_t *hit_chunks, lmc_error *err);
 /* lookup, then query_prefetch_status every poll_us microseconds (0: 100) until ready. */
 LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const char *model_name,
-                                   int64_t world_size, const lmc_chunks *ch,
-                                   int64_t num_kv_readers, unsigned poll_us, uint64_t *hit_chunks,
-                                   lmc_error *err);
+                                   int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
+                                   unsigned poll_us, uint64_t *hit_chunks, lmc_error *err);
 LMC_API lmc_status lmc_retrieve(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
                                 const int64_t *block_ids, size_t num_block_ids,
                                 const char *request_id, int64_t skip_first_n_tokens,

@@ -158,8 +158,8 @@ lmc_status lmcc_put_chunks(struct lmcc_map *m, const lmc_chunks *ch, lmc_error *
         if (msgpack_pack_array(&m->pk, ch->num_chunk_hashes) != 0) m->failed = 1;
         for (size_t i = 0; i < ch->num_chunk_hashes && !m->failed; i++)
             if (msgpack_pack_bin(&m->pk, ch->hash_len) != 0 ||
-                msgpack_pack_bin_body(&m->pk, ch->chunk_hashes + i * ch->hash_len,
-                                      ch->hash_len) != 0)
+                msgpack_pack_bin_body(&m->pk, ch->chunk_hashes + i * ch->hash_len, ch->hash_len) !=
+                    0)
                 m->failed = 1;
     }
     if (ch->start != 0) lmcc_put_int(m, "start", ch->start);
@@ -328,10 +328,17 @@ static bool get_double(const lmc_reply *r, const char *field, double *out) {
     if (!o) return false;
     switch (o->type) {
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: *out = o->via.f64; return true;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: *out = (double)o->via.u64; return true;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: *out = (double)o->via.i64; return true;
-    default: return false;
+    case MSGPACK_OBJECT_FLOAT64:
+        *out = o->via.f64;
+        return true;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *out = (double)o->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *out = (double)o->via.i64;
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -363,9 +370,8 @@ struct lmc_client {
     size_t nabandoned;
 };
 
-LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint,
-                                               const lmc_client_options *opts, lmc_client **out,
-                                               lmc_error *err) {
+LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_client_options *opts,
+                                               lmc_client **out, lmc_error *err) {
     clear_error(err);
     if (!endpoint || !out) {
         lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "endpoint and out are required");
@@ -594,8 +600,7 @@ static lmc_status recv_one(lmc_client *c, int64_t deadline, lmc_reply **out, lmc
         s = LMC_ERR_PROTOCOL;
     }
     if (s == LMC_OK)
-        s = lmcc_decode_reply(zmq_msg_data(&r->body), zmq_msg_size(&r->body), &r->up, &r->map,
-                              err);
+        s = lmcc_decode_reply(zmq_msg_data(&r->body), zmq_msg_size(&r->body), &r->up, &r->map, err);
     if (s != LMC_OK) {
         /* The reply still answers one request, whatever its shape. */
         if (nframes >= 1 && c->in_flight) c->in_flight--;
@@ -657,8 +662,8 @@ static lmc_status bad_arg(lmc_error *err, const char *what) {
 }
 
 LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const char *model_name,
-                                   int64_t world_size, const lmc_chunks *ch,
-                                   int64_t num_kv_readers, lmc_req_id *id, lmc_error *err) {
+                                   int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
+                                   lmc_req_id *id, lmc_error *err) {
     clear_error(err);
     if (!request_id || !model_name) return bad_arg(err, "request_id and model_name are required");
     struct lmcc_map m;
@@ -829,15 +834,16 @@ LMC_API lmc_status lmc_send_get_chunk_size(lmc_client *c, lmc_req_id *id, lmc_er
 
 /* ---- synchronous calls ------------------------------------------------------------------- */
 
-/* Waits for the reply of a request just sent (`sent` is the send's status). On LMC_OK or a
- * server error *out holds the reply (free it); on a client-side failure *out is NULL. */
-static lmc_status finish(lmc_client *c, lmc_status sent, lmc_req_id id, lmc_reply **out,
+/* Waits for the reply of a request just sent (`sent` is the send's status; `id` is a pointer
+ * because the send that fills it is another argument of the same call). On LMC_OK or a server error
+ * *out holds the reply (free it); on a client-side failure *out is NULL. */
+static lmc_status finish(lmc_client *c, lmc_status sent, const lmc_req_id *id, lmc_reply **out,
                          lmc_error *err) {
     *out = NULL;
     if (sent != LMC_OK) return sent;
-    lmc_status s = lmc_wait(c, id, out, err);
+    lmc_status s = lmc_wait(c, *id, out, err);
     if (s != LMC_OK) {
-        if (s == LMC_ERR_TIMEOUT) abandon(c, id);
+        if (s == LMC_ERR_TIMEOUT) abandon(c, *id);
         return s;
     }
     return lmc_reply_status(*out, err);
@@ -862,7 +868,7 @@ static lmc_status need_u64(lmc_reply *r, const char *field, uint64_t *out, lmc_e
 LMC_API lmc_status lmc_noop(lmc_client *c, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_noop(c, &id, err), id, &r, err);
+    lmc_status s = finish(c, lmc_send_noop(c, &id, err), &id, &r, err);
     lmc_reply_free(r);
     return s;
 }
@@ -871,9 +877,8 @@ LMC_API lmc_status lmc_ping(lmc_client *c, int64_t instance_id, double *server_t
                             lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_ping(c, instance_id, &id, err), id, &r, err);
-    if (s == LMC_OK && server_time && !get_double(r, "server_time", server_time))
-        *server_time = 0;
+    lmc_status s = finish(c, lmc_send_ping(c, instance_id, &id, err), &id, &r, err);
+    if (s == LMC_OK && server_time && !get_double(r, "server_time", server_time)) *server_time = 0;
     lmc_reply_free(r);
     return s;
 }
@@ -881,7 +886,7 @@ LMC_API lmc_status lmc_ping(lmc_client *c, int64_t instance_id, double *server_t
 LMC_API lmc_status lmc_get_chunk_size(lmc_client *c, uint64_t *chunk_size, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_get_chunk_size(c, &id, err), id, &r, err);
+    lmc_status s = finish(c, lmc_send_get_chunk_size(c, &id, err), &id, &r, err);
     if (s == LMC_OK) s = need_u64(r, "chunk_size", chunk_size, err);
     lmc_reply_free(r);
     return s;
@@ -890,7 +895,7 @@ LMC_API lmc_status lmc_get_chunk_size(lmc_client *c, uint64_t *chunk_size, lmc_e
 LMC_API lmc_status lmc_clear(lmc_client *c, uint64_t *cleared, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_clear(c, &id, err), id, &r, err);
+    lmc_status s = finish(c, lmc_send_clear(c, &id, err), &id, &r, err);
     out_u64(r, "cleared", cleared);
     lmc_reply_free(r);
     return s;
@@ -901,10 +906,9 @@ LMC_API lmc_status lmc_lookup(lmc_client *c, const char *request_id, const char 
                               lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s =
-        finish(c, lmc_send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, &id,
-                                  err),
-               id, &r, err);
+    lmc_status s = finish(
+        c, lmc_send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, &id, err),
+        &id, &r, err);
     lmc_reply_free(r);
     return s;
 }
@@ -913,7 +917,7 @@ LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_
                                              uint64_t *hit_chunks, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_query_prefetch_status(c, request_id, &id, err), id, &r, err);
+    lmc_status s = finish(c, lmc_send_query_prefetch_status(c, request_id, &id, err), &id, &r, err);
     if (s == LMC_OK) {
         bool rd;
         if (!lmc_reply_get_bool(r, "ready", &rd)) {
@@ -921,8 +925,10 @@ LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_
             s = LMC_ERR_PROTOCOL;
         } else {
             if (ready) *ready = rd;
-            if (rd) s = need_u64(r, "hit_chunks", hit_chunks, err);
-            else if (hit_chunks) *hit_chunks = 0;
+            if (rd)
+                s = need_u64(r, "hit_chunks", hit_chunks, err);
+            else if (hit_chunks)
+                *hit_chunks = 0;
         }
     }
     lmc_reply_free(r);
@@ -930,9 +936,8 @@ LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_
 }
 
 LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const char *model_name,
-                                   int64_t world_size, const lmc_chunks *ch,
-                                   int64_t num_kv_readers, unsigned poll_us, uint64_t *hit_chunks,
-                                   lmc_error *err) {
+                                   int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
+                                   unsigned poll_us, uint64_t *hit_chunks, lmc_error *err) {
     lmc_status s = lmc_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, err);
     if (s != LMC_OK) return s;
     int64_t deadline = now_ms() + c->timeout_ms;
@@ -959,9 +964,11 @@ LMC_API lmc_status lmc_retrieve(lmc_client *c, int64_t instance_id, const lmc_ch
     lmc_status s = finish(c,
                           lmc_send_retrieve(c, instance_id, ch, block_ids, num_block_ids,
                                             request_id, skip_first_n_tokens, &id, err),
-                          id, &r, err);
-    if (s == LMC_OK) s = need_u64(r, "retrieved_chunks", retrieved_chunks, err);
-    else out_u64(r, "retrieved_chunks", retrieved_chunks);
+                          &id, &r, err);
+    if (s == LMC_OK)
+        s = need_u64(r, "retrieved_chunks", retrieved_chunks, err);
+    else
+        out_u64(r, "retrieved_chunks", retrieved_chunks);
     lmc_reply_free(r);
     return s;
 }
@@ -983,8 +990,8 @@ LMC_API lmc_status lmc_store(lmc_client *c, int64_t instance_id, const lmc_chunk
                              uint64_t *stored_chunks, uint64_t *skipped_chunks, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(
-        c, lmc_send_store(c, instance_id, ch, block_ids, num_block_ids, &id, err), id, &r, err);
+    lmc_status s = finish(c, lmc_send_store(c, instance_id, ch, block_ids, num_block_ids, &id, err),
+                          &id, &r, err);
     s = store_counts(s, r, stored_chunks, skipped_chunks, err);
     lmc_reply_free(r);
     return s;
@@ -1000,7 +1007,7 @@ LMC_API lmc_status lmc_store_bytes(lmc_client *c, const char *model_name, int64_
     lmc_status s = finish(c,
                           lmc_send_store_bytes(c, model_name, world_size, worker_id, ch, chunks,
                                                chunk_lens, num_chunks, &id, err),
-                          id, &r, err);
+                          &id, &r, err);
     s = store_counts(s, r, stored_chunks, skipped_chunks, err);
     lmc_reply_free(r);
     return s;
@@ -1014,20 +1021,23 @@ LMC_API lmc_status lmc_retrieve_bytes(lmc_client *c, const char *model_name, int
     *out = NULL;
     lmc_status s = finish(
         c, lmc_send_retrieve_bytes(c, model_name, world_size, worker_id, ch, request_id, &id, err),
-        id, &r, err);
+        &id, &r, err);
     if (s == LMC_OK) {
         const msgpack_object *o = lmcc_map_get(r->map, "chunks");
         bool good = o && o->type == MSGPACK_OBJECT_ARRAY;
         for (uint32_t i = 0; good && i < o->via.array.size; i++)
             good = o->via.array.ptr[i].type == MSGPACK_OBJECT_BIN;
         if (!good) {
-            lmcc_set_error(err, LMC_ERR_PROTOCOL, "retrieve_bytes reply lacks an array of bin "
-                                                  "'chunks'");
+            lmcc_set_error(err, LMC_ERR_PROTOCOL,
+                           "retrieve_bytes reply lacks an array of bin "
+                           "'chunks'");
             s = LMC_ERR_PROTOCOL;
         }
     }
-    if (s == LMC_OK) *out = r;
-    else lmc_reply_free(r);
+    if (s == LMC_OK)
+        *out = r;
+    else
+        lmc_reply_free(r);
     return s;
 }
 
@@ -1036,8 +1046,9 @@ LMC_API lmc_status lmc_free_lookup_locks(lmc_client *c, const char *request_id, 
                                          lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(
-        c, lmc_send_free_lookup_locks(c, request_id, start, end, worker_id, &id, err), id, &r, err);
+    lmc_status s =
+        finish(c, lmc_send_free_lookup_locks(c, request_id, start, end, worker_id, &id, err), &id,
+               &r, err);
     if (s == LMC_OK) s = need_u64(r, "released", released, err);
     lmc_reply_free(r);
     return s;
@@ -1046,7 +1057,7 @@ LMC_API lmc_status lmc_free_lookup_locks(lmc_client *c, const char *request_id, 
 LMC_API lmc_status lmc_end_session(lmc_client *c, const char *request_id, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_end_session(c, request_id, &id, err), id, &r, err);
+    lmc_status s = finish(c, lmc_send_end_session(c, request_id, &id, err), &id, &r, err);
     lmc_reply_free(r);
     return s;
 }
@@ -1107,7 +1118,7 @@ static lmc_status send_register(lmc_client *c, const lmc_register_args *a, const
     put_register(&m, a, shm_name);
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, send_map(c, "register_kv_cache", &m, &id, err), id, &r, err);
+    lmc_status s = finish(c, send_map(c, "register_kv_cache", &m, &id, err), &id, &r, err);
     lmc_reply_free(r);
     return s;
 }
@@ -1199,7 +1210,7 @@ LMC_API lmc_status lmc_unregister_instance(lmc_client *c, int64_t instance_id, l
     lmcc_put_int(&m, "instance_id", instance_id);
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, send_map(c, "unregister_kv_cache", &m, &id, err), id, &r, err);
+    lmc_status s = finish(c, send_map(c, "unregister_kv_cache", &m, &id, err), &id, &r, err);
     lmc_reply_free(r);
     return s;
 }

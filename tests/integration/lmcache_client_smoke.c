@@ -128,8 +128,8 @@ int main(int argc, char **argv) {
         for (uint32_t k = 0; k < 2; k++)
             for (uint32_t l = 0; l < LAYERS; l++) {
                 uint64_t off = lmc_kv_offset(lmc_kv_layout_of(kv), l, k, 0, 0);
-                ok &= memcmp(p + ((size_t)k * LAYERS + l) * chunk * BPT, orig + off,
-                             chunk * BPT) == 0;
+                ok &= memcmp(p + ((size_t)k * LAYERS + l) * chunk * BPT, orig + off, chunk * BPT) ==
+                      0;
             }
         expect("retrieve_bytes object layout is [K|V][layer][token][bytes]", ok);
     }
@@ -143,9 +143,8 @@ int main(int argc, char **argv) {
     lmc_chunks ch2 = {.token_ids = toks2, .num_tokens = chunk, .end = -1};
     const void *bufs[1] = {obj};
     size_t lens[1] = {2 * LAYERS * chunk * BPT};
-    check("store_bytes", lmc_store_bytes(c, "smoke-model", 1, 0, &ch2, bufs, lens, 1, &stored,
-                                         &skipped, &e),
-          &e);
+    check("store_bytes",
+          lmc_store_bytes(c, "smoke-model", 1, 0, &ch2, bufs, lens, 1, &stored, &skipped, &e), &e);
     r = NULL;
     check("retrieve_bytes", lmc_retrieve_bytes(c, "smoke-model", 1, 0, &ch2, NULL, &r, &e), &e);
     if (r && lmc_reply_chunk(r, 0, &b0, &l0))
