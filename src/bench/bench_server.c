@@ -1,11 +1,897 @@
-/* `lmcache bench server`: placeholder until the round-trip benchmark lands. */
+/* `lmcache bench server`: round trips through a running server's data socket with
+ * liblmcache-client, the way an engine worker drives it.
+ *
+ * correctness: for each prompt a cold pass (lookup must miss, store) and a warm pass (lookup must
+ * hit every chunk, retrieve into zeroed blocks, compare MD5s of the engine blocks with the ones
+ * taken before the store, locally and through `POST /cache/checksums`); exit 1 on any mismatch.
+ * throughput: N clients (threads, one DEALER and one shared-memory KV cache each) store and
+ * retrieve their prompts through shared memory and then through store_bytes/retrieve_bytes;
+ * prints GB/s, lookup latency percentiles and a single-thread memcpy reference of the same run. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <netdb.h>
+#include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
+#include <jansson.h>
+
+#include "base/clock.h"
 #include "bench/bench.h"
+#include "lmcache/client.h"
+
+#define MiB        (1ull << 20)
+#define MAX_ROUNDS 16
+
+struct opts {
+    const char *mode;
+    const char *host;
+    int port;
+    const char *http_host;
+    int http_port;
+    const char *model;
+    int clients;
+    int layers, kv_heads, head_dim, dtype_bytes, tokens_per_block, kv_count;
+    const char *block_order;
+    int prompt_tokens;
+    int prompts;
+    int rounds;
+    int instance_base;
+    int timeout_ms;
+    long long seed;
+    int bytes_path; /* throughput: also measure store_bytes/retrieve_bytes */
+};
+
+enum opt_kind { OPT_STR, OPT_INT, OPT_LL, OPT_FLAG_OFF };
+
+/* The option table: the parser and --help come from it. */
+static const struct option_row {
+    const char *flag;
+    enum opt_kind kind;
+    size_t off;
+    const char *help;
+} OPTIONS[] = {
+#define O(flag, kind, field, help)                                                                 \
+    { flag, kind, offsetof(struct opts, field), help }
+    O("--mode", OPT_STR, mode, "correctness | throughput"),
+    O("--host", OPT_STR, host, "server data-socket host"),
+    O("--port", OPT_INT, port, "server data-socket port"),
+    O("--http-host", OPT_STR, http_host, "admin API host for /cache/checksums"),
+    O("--http-port", OPT_INT, http_port, "admin API port; 0 skips the server-side checksums"),
+    O("--model", OPT_STR, model, "model_name of the registered KV caches"),
+    O("--clients", OPT_INT, clients, "throughput: concurrent clients (threads)"),
+    O("--layers", OPT_INT, layers, "model layout: attention layers"),
+    O("--kv-heads", OPT_INT, kv_heads, "model layout: KV heads"),
+    O("--head-dim", OPT_INT, head_dim, "model layout: head dimension"),
+    O("--dtype-bytes", OPT_INT, dtype_bytes, "model layout: bytes per element (2 = bf16)"),
+    O("--tokens-per-block", OPT_INT, tokens_per_block, "engine tokens per block"),
+    O("--kv-count", OPT_INT, kv_count, "2 = K and V, 1 = MLA latent"),
+    O("--block-order", OPT_STR, block_order, "layer_major | block_major"),
+    O("--prompt-tokens", OPT_INT, prompt_tokens, "tokens per prompt (rounded down to chunks)"),
+    O("--prompts", OPT_INT, prompts, "prompts (per client in throughput mode)"),
+    O("--rounds", OPT_INT, rounds, "throughput: lookup + retrieve rounds over the prompts"),
+    O("--instance-base", OPT_INT, instance_base, "first instance_id registered"),
+    O("--timeout-ms", OPT_INT, timeout_ms, "per-request timeout"),
+    O("--seed", OPT_LL, seed, "token-id and data seed (default: from the clock, printed)"),
+    O("--no-bytes", OPT_FLAG_OFF, bytes_path, "throughput: skip store_bytes/retrieve_bytes"),
+#undef O
+};
+#define NOPTIONS (sizeof(OPTIONS) / sizeof(OPTIONS[0]))
+
+static void usage(FILE *f, const struct opts *d) {
+    fprintf(f, "usage: lmcache bench server [options]\n\n");
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const struct option_row *r = &OPTIONS[i];
+        const char *base = (const char *)d + r->off;
+        switch (r->kind) {
+        case OPT_STR: {
+            const char *v = *(const char *const *)(const void *)base;
+            fprintf(f, "  %-20s %s (%s)\n", r->flag, r->help, v ? v : "");
+            break;
+        }
+        case OPT_INT:
+            fprintf(f, "  %-20s %s (%d)\n", r->flag, r->help, *(const int *)(const void *)base);
+            break;
+        case OPT_LL:
+            fprintf(f, "  %-20s %s\n", r->flag, r->help);
+            break;
+        case OPT_FLAG_OFF:
+            fprintf(f, "  %-20s %s\n", r->flag, r->help);
+            break;
+        }
+    }
+}
+
+static int parse(int argc, char **argv, struct opts *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
+        const struct option_row *r = NULL;
+        for (size_t j = 0; j < NOPTIONS && !r; j++)
+            if (!strcmp(a, OPTIONS[j].flag)) r = &OPTIONS[j];
+        if (!r) {
+            fprintf(stderr, "lmcache bench server: unknown option %s\n", a);
+            return -1;
+        }
+        void *field = (char *)o + r->off;
+        if (r->kind == OPT_FLAG_OFF) {
+            *(int *)field = 0;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "lmcache bench server: %s needs a value\n", a);
+            return -1;
+        }
+        const char *v = argv[++i];
+        if (r->kind == OPT_STR) {
+            *(const char **)field = v;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long long n = strtoll(v, &end, 10);
+        if (errno || *end || end == v || (r->kind == OPT_INT && (n < INT32_MIN || n > INT32_MAX))) {
+            fprintf(stderr, "lmcache bench server: %s: not an integer: %s\n", a, v);
+            return -1;
+        }
+        if (r->kind == OPT_INT)
+            *(int *)field = (int)n;
+        else
+            *(long long *)field = n;
+    }
+    return 0;
+}
+
+/* ---- shared helpers ---------------------------------------------------------------------- */
+
+struct shape {
+    lmc_kv_layout layout;
+    uint64_t chunk;      /* tokens per chunk (server's chunk_size) */
+    uint64_t bpc;        /* blocks per chunk */
+    uint64_t nchunks;    /* chunks per prompt */
+    uint64_t bpp;        /* blocks per prompt */
+    uint64_t chunk_obj;  /* bytes of one cached object: kv_count * layers * chunk * bpt */
+    uint64_t prompt_obj; /* bytes of a prompt's chunks */
+};
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill_random(void *p, size_t n, uint64_t seed) {
+    uint64_t s = seed, *q = p;
+    size_t words = n / 8;
+    for (size_t i = 0; i < words; i++) q[i] = splitmix(&s);
+    for (size_t i = words * 8; i < n; i++) ((unsigned char *)p)[i] = (unsigned char)splitmix(&s);
+}
+
+static void prompt_tokens(uint32_t *t, uint64_t n, uint64_t seed) {
+    uint64_t s = seed;
+    for (uint64_t i = 0; i < n; i++) t[i] = (uint32_t)(splitmix(&s) % 128256u);
+}
+
+/* The blocks of one prompt (all layers, K and V): visit each contiguous run. */
+typedef void (*run_fn)(void *arg, unsigned char *p, uint64_t len);
+static void for_each_run(const struct shape *sh, unsigned char *base, uint64_t first_block,
+                         uint64_t nblocks, run_fn fn, void *arg) {
+    const lmc_kv_layout *l = &sh->layout;
+    uint64_t bb = lmc_kv_block_bytes(l);
+    uint32_t kc = l->kv_count ? l->kv_count : 2;
+    for (uint32_t layer = 0; layer < l->num_layers; layer++)
+        for (uint32_t k = 0; k < kc; k++) {
+            if (l->block_order == LMC_LAYER_MAJOR) {
+                fn(arg, base + lmc_kv_offset(l, layer, k, (uint32_t)first_block, 0), bb * nblocks);
+            } else {
+                for (uint64_t b = 0; b < nblocks; b++)
+                    fn(arg, base + lmc_kv_offset(l, layer, k, (uint32_t)(first_block + b), 0), bb);
+            }
+        }
+}
+
+static void zero_run(void *arg, unsigned char *p, uint64_t len) {
+    (void)arg;
+    memset(p, 0, len);
+}
+
+/* Hex MD5 of a chunk's blocks in the order of POST /cache/checksums (docs/http-api.md): for each
+ * layer, K then V, each block in order. */
+static int chunk_md5(const struct shape *sh, unsigned char *base, uint64_t first_block,
+                     char hex[33]) {
+    const lmc_kv_layout *l = &sh->layout;
+    uint64_t bb = lmc_kv_block_bytes(l);
+    uint32_t kc = l->kv_count ? l->kv_count : 2;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx || EVP_DigestInit_ex(ctx, EVP_md5(), NULL) != 1) {
+        EVP_MD_CTX_free(ctx);
+        return -1;
+    }
+    int rc = 0;
+    for (uint32_t layer = 0; layer < l->num_layers && !rc; layer++)
+        for (uint32_t k = 0; k < kc && !rc; k++)
+            for (uint64_t b = 0; b < sh->bpc && !rc; b++)
+                if (EVP_DigestUpdate(
+                        ctx, base + lmc_kv_offset(l, layer, k, (uint32_t)(first_block + b), 0),
+                        bb) != 1)
+                    rc = -1;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    if (!rc && EVP_DigestFinal_ex(ctx, md, &mdlen) != 1) rc = -1;
+    EVP_MD_CTX_free(ctx);
+    for (unsigned i = 0; !rc && i < mdlen && i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return rc;
+}
+
+/* A tiny HTTP/1.1 POST over a plain socket (Connection: close, body read to EOF). Returns the
+ * status code and the malloc'ed body in *body, or -1 with a message in err. */
+static int http_post(const char *host, int port, const char *path, const char *json, char **body,
+                     char *err, size_t errlen) {
+    *body = NULL;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int g = getaddrinfo(host, portstr, &hints, &ai);
+    if (g != 0) {
+        snprintf(err, errlen, "%s: %s", host, gai_strerror(g));
+        return -1;
+    }
+    int fd = -1;
+    for (struct addrinfo *p = ai; p && fd < 0; p = p->ai_next) {
+        fd = socket(p->ai_family, p->ai_socktype, p->ai_protocol);
+        if (fd >= 0 && connect(fd, p->ai_addr, p->ai_addrlen) != 0) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) {
+        snprintf(err, errlen, "connect %s:%d: %s", host, port, strerror(errno));
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = 30};
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    size_t jl = strlen(json);
+    char hdr[512];
+    int hl = snprintf(hdr, sizeof(hdr),
+                      "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                      path, host, port, jl);
+    int rc = -1;
+    size_t cap = 65536, len = 0;
+    char *buf = NULL;
+    if (hl < 0 || (size_t)hl >= sizeof(hdr)) {
+        snprintf(err, errlen, "request header too long");
+        goto out;
+    }
+    const char *parts[2] = {hdr, json};
+    size_t lens[2] = {(size_t)hl, jl};
+    for (int i = 0; i < 2; i++)
+        for (size_t off = 0; off < lens[i];) {
+            ssize_t n = send(fd, parts[i] + off, lens[i] - off, MSG_NOSIGNAL);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                snprintf(err, errlen, "send: %s", strerror(errno));
+                goto out;
+            }
+            off += (size_t)n;
+        }
+    buf = malloc(cap);
+    if (!buf) goto nomem;
+    for (;;) {
+        if (len + 1 >= cap) {
+            char *nb = cap > 64 * MiB ? NULL : realloc(buf, cap * 2);
+            if (!nb) goto nomem;
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            snprintf(err, errlen, "recv: %s", strerror(errno));
+            goto out;
+        }
+        if (n == 0) break;
+        len += (size_t)n;
+    }
+    buf[len] = '\0';
+    int status = 0;
+    char *sep = strstr(buf, "\r\n\r\n");
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || !sep) {
+        snprintf(err, errlen, "malformed HTTP response");
+        goto out;
+    }
+    if (strstr(buf, "Transfer-Encoding: chunked") &&
+        strstr(buf, "Transfer-Encoding: chunked") < sep) {
+        snprintf(err, errlen, "chunked HTTP responses are not supported");
+        goto out;
+    }
+    *body = strdup(sep + 4);
+    if (!*body) goto nomem;
+    rc = status;
+    goto out;
+nomem:
+    snprintf(err, errlen, "out of memory");
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* POST /cache/checksums for one prompt's blocks; fills nchunks hex digests. */
+static int server_checksums(const struct opts *o, const struct shape *sh, int64_t instance,
+                            uint64_t first_block, char (*hex)[33], char *err, size_t errlen) {
+    json_t *ids = json_array(), *req = NULL;
+    char *payload = NULL, *body = NULL;
+    int rc = -1;
+    if (!ids) goto out;
+    for (uint64_t b = 0; b < sh->bpp; b++)
+        if (json_array_append_new(ids, json_integer((json_int_t)(first_block + b))) != 0) goto out;
+    req = json_pack("{s:O, s:I, s:I}", "block_ids", ids, "chunk_size", (json_int_t)sh->bpc,
+                    "instance_id", (json_int_t)instance);
+    if (!req || !(payload = json_dumps(req, JSON_COMPACT))) goto out;
+    int status =
+        http_post(o->http_host, o->http_port, "/cache/checksums", payload, &body, err, errlen);
+    if (status < 0) goto out;
+    if (status != 200) {
+        snprintf(err, errlen, "HTTP %d: %.200s", status, body ? body : "");
+        goto out;
+    }
+    json_error_t je;
+    json_t *r = json_loads(body, 0, &je);
+    json_t *sums = r ? json_object_get(r, "chunk_checksums") : NULL;
+    if (!json_is_array(sums) || json_array_size(sums) != sh->nchunks) {
+        snprintf(err, errlen, "unexpected /cache/checksums reply: %.200s", body);
+        json_decref(r);
+        goto out;
+    }
+    for (uint64_t i = 0; i < sh->nchunks; i++) {
+        const char *s = json_string_value(json_array_get(sums, i));
+        snprintf(hex[i], 33, "%s", s ? s : "");
+    }
+    json_decref(r);
+    rc = 0;
+out:
+    if (rc && err[0] == '\0') snprintf(err, errlen, "out of memory");
+    json_decref(ids);
+    json_decref(req);
+    free(payload);
+    free(body);
+    return rc;
+}
+
+static int make_shape(const struct opts *o, uint64_t chunk, struct shape *sh) {
+    memset(sh, 0, sizeof(*sh));
+    if (o->layers < 1 || o->kv_heads < 1 || o->head_dim < 1 || o->dtype_bytes < 1 ||
+        o->tokens_per_block < 1 || (o->kv_count != 1 && o->kv_count != 2) || o->prompts < 1) {
+        fprintf(stderr, "lmcache bench server: layout fields and --prompts must be positive, "
+                        "--kv-count 1 or 2\n");
+        return -1;
+    }
+    if (chunk % (uint64_t)o->tokens_per_block) {
+        fprintf(stderr,
+                "lmcache bench server: chunk size %llu is not a multiple of "
+                "--tokens-per-block %d\n",
+                (unsigned long long)chunk, o->tokens_per_block);
+        return -1;
+    }
+    sh->chunk = chunk;
+    sh->bpc = chunk / (uint64_t)o->tokens_per_block;
+    sh->nchunks = (uint64_t)(o->prompt_tokens > 0 ? o->prompt_tokens : 0) / chunk;
+    if (sh->nchunks == 0) {
+        fprintf(stderr, "lmcache bench server: --prompt-tokens %d is less than one chunk (%llu)\n",
+                o->prompt_tokens, (unsigned long long)chunk);
+        return -1;
+    }
+    sh->bpp = sh->nchunks * sh->bpc;
+    lmc_kv_layout *l = &sh->layout;
+    l->num_layers = (uint32_t)o->layers;
+    l->num_blocks = (uint32_t)(sh->bpp * (uint64_t)o->prompts);
+    l->tokens_per_block = (uint32_t)o->tokens_per_block;
+    l->bytes_per_token = (uint64_t)o->kv_heads * (uint64_t)o->head_dim * (uint64_t)o->dtype_bytes;
+    l->kv_count = (uint32_t)o->kv_count;
+    if (!strcmp(o->block_order, "block_major"))
+        l->block_order = LMC_BLOCK_MAJOR;
+    else if (!strcmp(o->block_order, "layer_major"))
+        l->block_order = LMC_LAYER_MAJOR;
+    else {
+        fprintf(stderr, "lmcache bench server: --block-order must be layer_major or block_major\n");
+        return -1;
+    }
+    l->dtype = o->dtype_bytes == 2 ? "bfloat16" : o->dtype_bytes == 4 ? "float32" : "bytes";
+    sh->chunk_obj = (uint64_t)l->kv_count * l->num_layers * chunk * l->bytes_per_token;
+    sh->prompt_obj = sh->chunk_obj * sh->nchunks;
+    return 0;
+}
+
+static void perr(const char *what, const lmc_error *e) {
+    fprintf(stderr, "lmcache bench server: %s: %s (%s)\n", what, e->message, e->code);
+}
+
+/* ---- correctness mode -------------------------------------------------------------------- */
+
+static int run_correctness(const struct opts *o) {
+    lmc_client *c;
+    lmc_error e;
+    lmc_client_options co = {.timeout_ms = o->timeout_ms};
+    if (lmc_client_connect(o->host, o->port, &co, &c, &e) != LMC_OK) {
+        perr("connect", &e);
+        return 1;
+    }
+    uint64_t chunk = 0;
+    struct shape sh;
+    if (lmc_get_chunk_size(c, &chunk, &e) != LMC_OK) {
+        perr("get_chunk_size", &e);
+        lmc_client_close(c);
+        return 1;
+    }
+    if (make_shape(o, chunk, &sh) != 0) {
+        lmc_client_close(c);
+        return 2;
+    }
+    int64_t inst = o->instance_base;
+    lmc_register_args ra = {.instance_id = inst, .model_name = o->model, .layout = sh.layout};
+    lmc_kv_context *kv;
+    if (lmc_register_kv_cache(c, &ra, &kv, &e) != LMC_OK) {
+        perr("register_kv_cache", &e);
+        lmc_client_close(c);
+        return 1;
+    }
+    unsigned char *base = lmc_kv_base(kv);
+    printf("correctness: %d prompts of %llu chunks (%llu tokens, %llu blocks), chunk %llu tokens "
+           "= %.2f MiB, seed %lld, server checksums %s\n",
+           o->prompts, (unsigned long long)sh.nchunks, (unsigned long long)(sh.nchunks * chunk),
+           (unsigned long long)sh.bpp, (unsigned long long)chunk, (double)sh.chunk_obj / MiB,
+           o->seed, o->http_port > 0 ? "on" : "off");
+    uint32_t *toks = malloc(sh.nchunks * chunk * sizeof(uint32_t));
+    int64_t *blocks = malloc(sh.bpp * sizeof(int64_t));
+    char(*before)[33] = malloc(sh.nchunks * sizeof(*before));
+    char(*after)[33] = malloc(sh.nchunks * sizeof(*after));
+    char(*remote)[33] = malloc(sh.nchunks * sizeof(*remote));
+    int mismatches = 0, errors = 0;
+    double t_lookup = 0, t_store = 0, t_retrieve = 0;
+    if (!toks || !blocks || !before || !after || !remote) {
+        fprintf(stderr, "lmcache bench server: out of memory\n");
+        errors++;
+        goto out;
+    }
+    for (int p = 0; p < o->prompts && !errors; p++) {
+        uint64_t first = (uint64_t)p * sh.bpp;
+        for (uint64_t b = 0; b < sh.bpp; b++) blocks[b] = (int64_t)(first + b);
+        prompt_tokens(toks, sh.nchunks * chunk, (uint64_t)o->seed * 1000003u + (uint64_t)p);
+        lmc_chunks ch = {.token_ids = toks, .num_tokens = sh.nchunks * chunk, .end = -1};
+        char rid[64];
+        uint64_t hits = 0, n = 0, skipped = 0;
+        /* Cold pass. */
+        for (uint32_t l = 0; l < sh.layout.num_layers; l++)
+            for (uint32_t k = 0; k < sh.layout.kv_count; k++)
+                for (uint64_t b = 0; b < sh.bpp; b++)
+                    fill_random(base + lmc_kv_offset(&sh.layout, l, k, (uint32_t)(first + b), 0),
+                                lmc_kv_block_bytes(&sh.layout),
+                                (uint64_t)o->seed ^ ((first + b) << 20) ^ (l << 4) ^ k);
+        snprintf(rid, sizeof(rid), "bench-%lld-%d-cold", o->seed, p);
+        double t0 = clock_mono();
+        if (lmc_lookup_wait(c, rid, o->model, 1, &ch, 1, 50, &hits, &e) != LMC_OK ||
+            lmc_end_session(c, rid, &e) != LMC_OK) {
+            perr("cold lookup", &e);
+            errors++;
+            break;
+        }
+        double t1 = clock_mono();
+        lmc_status s = lmc_store(c, inst, &ch, blocks, sh.bpp, &n, &skipped, &e);
+        double t2 = clock_mono();
+        t_lookup += t1 - t0;
+        t_store += t2 - t1;
+        if (s != LMC_OK) {
+            perr("store", &e);
+            errors++;
+            break;
+        }
+        int cold_ok = hits == 0 && n == sh.nchunks;
+        for (uint64_t i = 0; i < sh.nchunks; i++)
+            if (chunk_md5(&sh, base, first + i * sh.bpc, before[i]) != 0) errors++;
+        for_each_run(&sh, base, first, sh.bpp, zero_run, NULL);
+        /* Warm pass. */
+        snprintf(rid, sizeof(rid), "bench-%lld-%d-warm", o->seed, p);
+        uint64_t whits = 0, got = 0;
+        t0 = clock_mono();
+        s = lmc_lookup_wait(c, rid, o->model, 1, &ch, 1, 50, &whits, &e);
+        t1 = clock_mono();
+        if (s == LMC_OK) s = lmc_retrieve(c, inst, &ch, blocks, sh.bpp, rid, 0, &got, &e);
+        t2 = clock_mono();
+        lmc_error e2;
+        if (lmc_end_session(c, rid, &e2) != LMC_OK && s == LMC_OK) {
+            s = e2.status;
+            e = e2;
+        }
+        t_lookup += t1 - t0;
+        t_retrieve += t2 - t1;
+        if (s != LMC_OK) {
+            perr("warm lookup/retrieve", &e);
+            errors++;
+            break;
+        }
+        int local_ok = 1, server_ok = 1;
+        for (uint64_t i = 0; i < sh.nchunks; i++) {
+            if (chunk_md5(&sh, base, first + i * sh.bpc, after[i]) != 0) errors++;
+            if (strcmp(before[i], after[i]) != 0) local_ok = 0;
+        }
+        char herr[256] = "";
+        if (o->http_port > 0) {
+            if (server_checksums(o, &sh, inst, first, remote, herr, sizeof(herr)) != 0) {
+                fprintf(stderr, "lmcache bench server: POST /cache/checksums: %s\n", herr);
+                errors++;
+                server_ok = 0;
+            } else {
+                for (uint64_t i = 0; i < sh.nchunks; i++)
+                    if (strcmp(before[i], remote[i]) != 0) server_ok = 0;
+            }
+        }
+        int warm_ok = whits == sh.nchunks && got == sh.nchunks;
+        if (!cold_ok || !warm_ok || !local_ok || !server_ok) mismatches++;
+        printf("prompt %d: cold lookup %llu/%llu hits (want 0), stored %llu; warm lookup "
+               "%llu/%llu hits, retrieved %llu; checksums local %s, server %s -> %s\n",
+               p, (unsigned long long)hits, (unsigned long long)sh.nchunks, (unsigned long long)n,
+               (unsigned long long)whits, (unsigned long long)sh.nchunks, (unsigned long long)got,
+               local_ok ? "match" : "MISMATCH",
+               o->http_port <= 0 ? "skipped"
+               : server_ok       ? "match"
+                                 : "MISMATCH",
+               cold_ok && warm_ok && local_ok && server_ok ? "ok" : "FAIL");
+    }
+    if (!errors)
+        printf("mean latency: lookup (until ready) %.3f ms, store %.3f ms, retrieve %.3f ms per "
+               "prompt\n",
+               t_lookup * 1e3 / (2.0 * o->prompts), t_store * 1e3 / o->prompts,
+               t_retrieve * 1e3 / o->prompts);
+out:
+    if (lmc_unregister_kv_cache(c, kv, &e) != LMC_OK) perr("unregister_kv_cache", &e);
+    lmc_client_close(c);
+    free(toks);
+    free(blocks);
+    free(before);
+    free(after);
+    free(remote);
+    int bad = mismatches || errors;
+    printf("%s: %d prompts, %d mismatches, %d errors\n", bad ? "FAILED" : "PASSED", o->prompts,
+           mismatches, errors);
+    return bad ? 1 : 0;
+}
+
+/* ---- throughput mode --------------------------------------------------------------------- */
+
+enum { PH_STORE, PH_LOOKUP, PH_RETRIEVE, PH_STORE_BYTES, PH_RETRIEVE_BYTES, NPHASE };
+static const char *const PHASE_NAMES[NPHASE] = {"store (shm)", "lookup", "retrieve (shm)",
+                                                "store_bytes", "retrieve_bytes"};
+
+struct worker {
+    const struct opts *o;
+    const struct shape *sh;
+    pthread_barrier_t *bar;
+    int idx;
+    int failed;
+    uint64_t bytes[NPHASE];
+    double *lat; /* lookup latencies, seconds */
+    size_t nlat;
+};
+
+static void fail(struct worker *w, const char *what, const lmc_error *e) {
+    if (!w->failed) fprintf(stderr, "client %d: %s: %s (%s)\n", w->idx, what, e->message, e->code);
+    w->failed = 1;
+}
+
+static void *worker_main(void *arg) {
+    struct worker *w = arg;
+    const struct opts *o = w->o;
+    const struct shape *sh = w->sh;
+    lmc_client *c = NULL;
+    lmc_kv_context *kv = NULL;
+    lmc_error e;
+    lmc_client_options co = {.timeout_ms = o->timeout_ms};
+    int64_t inst = o->instance_base + w->idx;
+    uint64_t ntok = sh->nchunks * sh->chunk;
+    uint32_t *toks = malloc((size_t)o->prompts * ntok * sizeof(uint32_t));
+    int64_t *blocks = malloc(sh->bpp * sizeof(int64_t));
+    void **objs = calloc(sh->nchunks, sizeof(void *));
+    size_t *lens = calloc(sh->nchunks, sizeof(size_t));
+    if (!toks || !blocks || !objs || !lens) {
+        fprintf(stderr, "client %d: out of memory\n", w->idx);
+        w->failed = 1;
+    }
+    if (!w->failed && lmc_client_connect(o->host, o->port, &co, &c, &e) != LMC_OK)
+        fail(w, "connect", &e);
+    if (!w->failed) {
+        lmc_register_args ra = {.instance_id = inst, .model_name = o->model, .layout = sh->layout};
+        if (lmc_register_kv_cache(c, &ra, &kv, &e) != LMC_OK)
+            fail(w, "register_kv_cache", &e);
+        else
+            fill_random(lmc_kv_base(kv), lmc_kv_size(kv), (uint64_t)o->seed + (uint64_t)w->idx);
+        for (int p = 0; p < o->prompts && !w->failed; p++)
+            prompt_tokens(toks + (size_t)p * ntok, ntok,
+                          (uint64_t)o->seed * 1000003u + (uint64_t)w->idx * 7919u + (uint64_t)p);
+        for (uint64_t i = 0; i < sh->nchunks && !w->failed && o->bytes_path; i++) {
+            objs[i] = malloc(sh->chunk_obj);
+            lens[i] = sh->chunk_obj;
+            if (!objs[i])
+                w->failed = 1;
+            else
+                fill_random(objs[i], sh->chunk_obj, i + 1);
+        }
+    }
+    /* Phase 0: store. */
+    pthread_barrier_wait(w->bar);
+    for (int p = 0; p < o->prompts && !w->failed; p++) {
+        lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok, .num_tokens = ntok, .end = -1};
+        for (uint64_t b = 0; b < sh->bpp; b++) blocks[b] = (int64_t)((uint64_t)p * sh->bpp + b);
+        uint64_t stored = 0, skipped = 0;
+        if (lmc_store(c, inst, &ch, blocks, sh->bpp, &stored, &skipped, &e) != LMC_OK)
+            fail(w, "store", &e);
+        w->bytes[PH_STORE] += stored * sh->chunk_obj;
+    }
+    pthread_barrier_wait(w->bar);
+    for (int r = 0; r < o->rounds; r++) {
+        /* Phase 1: lookups (sessions keep their read locks). */
+        pthread_barrier_wait(w->bar);
+        for (int p = 0; p < o->prompts && !w->failed; p++) {
+            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok, .num_tokens = ntok, .end = -1};
+            char rid[64];
+            snprintf(rid, sizeof(rid), "tp-%lld-%d-%d", o->seed, w->idx, p);
+            uint64_t hits = 0;
+            double t0 = clock_mono();
+            if (lmc_lookup_wait(c, rid, o->model, 1, &ch, 1, 20, &hits, &e) != LMC_OK)
+                fail(w, "lookup", &e);
+            w->lat[w->nlat++] = clock_mono() - t0;
+            if (!w->failed && hits != sh->nchunks) {
+                fprintf(stderr, "client %d: lookup hit %llu of %llu chunks (is L1 large enough?)\n",
+                        w->idx, (unsigned long long)hits, (unsigned long long)sh->nchunks);
+                w->failed = 1;
+            }
+        }
+        pthread_barrier_wait(w->bar);
+        /* Phase 2: retrieve under the sessions' locks. */
+        pthread_barrier_wait(w->bar);
+        for (int p = 0; p < o->prompts && !w->failed; p++) {
+            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok, .num_tokens = ntok, .end = -1};
+            char rid[64];
+            snprintf(rid, sizeof(rid), "tp-%lld-%d-%d", o->seed, w->idx, p);
+            for (uint64_t b = 0; b < sh->bpp; b++) blocks[b] = (int64_t)((uint64_t)p * sh->bpp + b);
+            uint64_t got = 0;
+            if (lmc_retrieve(c, inst, &ch, blocks, sh->bpp, rid, 0, &got, &e) != LMC_OK)
+                fail(w, "retrieve", &e);
+            w->bytes[PH_RETRIEVE] += got * sh->chunk_obj;
+        }
+        pthread_barrier_wait(w->bar);
+        for (int p = 0; p < o->prompts && c; p++) {
+            char rid[64];
+            snprintf(rid, sizeof(rid), "tp-%lld-%d-%d", o->seed, w->idx, p);
+            if (lmc_end_session(c, rid, &e) != LMC_OK) fail(w, "end_session", &e);
+        }
+    }
+    if (o->bytes_path) {
+        /* Phase 3: store_bytes (salt "b": other keys than the shared-memory ones). */
+        pthread_barrier_wait(w->bar);
+        for (int p = 0; p < o->prompts && !w->failed; p++) {
+            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
+                             .num_tokens = ntok,
+                             .end = -1,
+                             .cache_salt = "b"};
+            uint64_t stored = 0, skipped = 0;
+            if (lmc_store_bytes(c, o->model, 1, 0, &ch, (const void *const *)objs, lens,
+                                sh->nchunks, &stored, &skipped, &e) != LMC_OK)
+                fail(w, "store_bytes", &e);
+            w->bytes[PH_STORE_BYTES] += stored * sh->chunk_obj;
+        }
+        pthread_barrier_wait(w->bar);
+        /* Phase 4: retrieve_bytes. */
+        pthread_barrier_wait(w->bar);
+        for (int r = 0; r < o->rounds; r++)
+            for (int p = 0; p < o->prompts && !w->failed; p++) {
+                lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
+                                 .num_tokens = ntok,
+                                 .end = -1,
+                                 .cache_salt = "b"};
+                lmc_reply *rep = NULL;
+                if (lmc_retrieve_bytes(c, o->model, 1, 0, &ch, NULL, &rep, &e) != LMC_OK) {
+                    fail(w, "retrieve_bytes", &e);
+                    break;
+                }
+                size_t n = lmc_reply_num_chunks(rep);
+                for (size_t i = 0; i < n; i++) {
+                    const void *d;
+                    size_t l;
+                    if (lmc_reply_chunk(rep, i, &d, &l)) w->bytes[PH_RETRIEVE_BYTES] += l;
+                }
+                lmc_reply_free(rep);
+            }
+        pthread_barrier_wait(w->bar);
+    }
+    if (kv && lmc_unregister_kv_cache(c, kv, &e) != LMC_OK) fail(w, "unregister_kv_cache", &e);
+    lmc_client_close(c);
+    for (uint64_t i = 0; i < sh->nchunks; i++) free(objs[i]);
+    free(objs);
+    free(lens);
+    free(toks);
+    free(blocks);
+    return NULL;
+}
+
+static double memcpy_gbps(double seconds) {
+    size_t n = 64 * MiB;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    uint64_t t0 = clock_mono_ns(), bytes = 0;
+    while (clock_mono_ns() - t0 < (uint64_t)(seconds * 1e9)) {
+        memcpy(b, a, n);
+        a[bytes % n]++;
+        bytes += n;
+    }
+    double s = (double)(clock_mono_ns() - t0) / 1e9;
+    volatile char sink = b[n / 2];
+    (void)sink;
+    free(a);
+    free(b);
+    return (double)bytes / s / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const double *v, size_t n, double p) {
+    if (n == 0) return 0;
+    size_t i = (size_t)(p / 100.0 * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+static int run_throughput(const struct opts *o) {
+    lmc_client *c;
+    lmc_error e;
+    lmc_client_options co = {.timeout_ms = o->timeout_ms};
+    uint64_t chunk = 0;
+    struct shape sh;
+    if (o->clients < 1 || o->rounds < 1 || o->rounds > MAX_ROUNDS) {
+        fprintf(stderr, "lmcache bench server: --clients must be positive, --rounds 1..%d\n",
+                MAX_ROUNDS);
+        return 2;
+    }
+    if (lmc_client_connect(o->host, o->port, &co, &c, &e) != LMC_OK ||
+        lmc_get_chunk_size(c, &chunk, &e) != LMC_OK) {
+        perr("get_chunk_size", &e);
+        lmc_client_close(c);
+        return 1;
+    }
+    lmc_client_close(c);
+    if (make_shape(o, chunk, &sh) != 0) return 2;
+    double ws = (double)sh.prompt_obj * o->prompts * o->clients;
+    printf("throughput: %d clients x %d prompts x %llu chunks of %llu tokens; layout %d layers, "
+           "%d KV heads x %d dim x %d bytes, %d tokens/block, %s; chunk object %.2f MiB; "
+           "working set %.2f GiB per path (L1 must hold %s)\n",
+           o->clients, o->prompts, (unsigned long long)sh.nchunks, (unsigned long long)chunk,
+           o->layers, o->kv_heads, o->head_dim, o->dtype_bytes, o->tokens_per_block, o->block_order,
+           (double)sh.chunk_obj / MiB, ws / (1 << 30), o->bytes_path ? "twice that" : "it");
+    double ref = memcpy_gbps(1.0);
+    printf("memcpy reference (1 thread, 64 MiB buffers): %.2f GB/s\n", ref);
+
+    pthread_barrier_t bar;
+    if (pthread_barrier_init(&bar, NULL, (unsigned)o->clients + 1) != 0) return 1;
+    struct worker *w = calloc((size_t)o->clients, sizeof(*w));
+    pthread_t *th = calloc((size_t)o->clients, sizeof(*th));
+    size_t nlat_each = (size_t)o->prompts * (size_t)o->rounds;
+    int started = 0, rc = 0;
+    if (!w || !th) goto oom;
+    for (int i = 0; i < o->clients; i++) {
+        w[i] = (struct worker){.o = o, .sh = &sh, .bar = &bar, .idx = i};
+        w[i].lat = malloc(nlat_each * sizeof(double));
+        if (!w[i].lat) goto oom;
+    }
+    for (; started < o->clients; started++)
+        if (pthread_create(&th[started], NULL, worker_main, &w[started]) != 0) {
+            fprintf(stderr, "lmcache bench server: pthread_create failed\n");
+            abort(); /* the barrier cannot complete without every worker */
+        }
+    double secs[NPHASE] = {0};
+    /* The phases in the order the workers run them; each is bracketed by two barriers. */
+    int phases[1 + 2 * MAX_ROUNDS + 2];
+    int np = 0;
+    phases[np++] = PH_STORE;
+    for (int r = 0; r < o->rounds; r++) {
+        phases[np++] = PH_LOOKUP;
+        phases[np++] = PH_RETRIEVE;
+    }
+    if (o->bytes_path) {
+        phases[np++] = PH_STORE_BYTES;
+        phases[np++] = PH_RETRIEVE_BYTES;
+    }
+    for (int i = 0; i < np; i++) {
+        pthread_barrier_wait(&bar);
+        double t0 = clock_mono();
+        pthread_barrier_wait(&bar);
+        secs[phases[i]] += clock_mono() - t0;
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    uint64_t bytes[NPHASE] = {0};
+    size_t nl = 0;
+    double *lat = malloc((size_t)o->clients * nlat_each * sizeof(double));
+    if (!lat) goto oom;
+    for (int i = 0; i < o->clients; i++) {
+        rc |= w[i].failed;
+        for (int p = 0; p < NPHASE; p++) bytes[p] += w[i].bytes[p];
+        memcpy(lat + nl, w[i].lat, w[i].nlat * sizeof(double));
+        nl += w[i].nlat;
+    }
+    qsort(lat, nl, sizeof(double), cmp_double);
+    for (int p = 0; p < NPHASE; p++) {
+        if (p == PH_LOOKUP || secs[p] == 0) continue;
+        double g = (double)bytes[p] / secs[p] / 1e9;
+        printf("%-15s %8.2f GB/s  (%.2f GiB in %.3f s, %.0f%% of memcpy)\n", PHASE_NAMES[p], g,
+               (double)bytes[p] / (1 << 30), secs[p], ref > 0 ? 100.0 * g / ref : 0.0);
+    }
+    printf("lookup latency (lookup + query_prefetch_status until ready, %zu samples): p50 %.1f us, "
+           "p90 %.1f us, p99 %.1f us, max %.1f us\n",
+           nl, pct(lat, nl, 50) * 1e6, pct(lat, nl, 90) * 1e6, pct(lat, nl, 99) * 1e6,
+           nl ? lat[nl - 1] * 1e6 : 0.0);
+    free(lat);
+    goto out;
+oom:
+    fprintf(stderr, "lmcache bench server: out of memory\n");
+    rc = 1;
+out:
+    for (int i = 0; w && i < o->clients; i++) free(w[i].lat);
+    free(w);
+    free(th);
+    pthread_barrier_destroy(&bar);
+    if (rc) printf("FAILED: some requests failed (see above)\n");
+    return rc ? 1 : 0;
+}
 
 int bench_server_main(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "lmcache bench server: not built yet\n");
+    struct opts o = {.mode = "correctness",
+                     .host = "127.0.0.1",
+                     .port = 5555,
+                     .http_host = NULL,
+                     .http_port = 8080,
+                     .model = "bench-model",
+                     .clients = 1,
+                     .layers = 32,
+                     .kv_heads = 8,
+                     .head_dim = 128,
+                     .dtype_bytes = 2,
+                     .tokens_per_block = 16,
+                     .kv_count = 2,
+                     .block_order = "layer_major",
+                     .prompt_tokens = 1024,
+                     .prompts = 4,
+                     .rounds = 3,
+                     .instance_base = 1000,
+                     .timeout_ms = 60000,
+                     .seed = -1,
+                     .bytes_path = 1};
+    struct opts defaults = o;
+    defaults.http_host = "--host";
+    int r = parse(argc, argv, &o);
+    if (r != 0) {
+        usage(r > 0 ? stdout : stderr, &defaults);
+        return r > 0 ? 0 : 2;
+    }
+    if (!o.http_host) o.http_host = o.host;
+    if (o.seed < 0) o.seed = (long long)(time(NULL) ^ ((long long)getpid() << 16)) & 0xffffffffll;
+    if (!strcmp(o.mode, "correctness")) return run_correctness(&o);
+    if (!strcmp(o.mode, "throughput")) return run_throughput(&o);
+    fprintf(stderr, "lmcache bench server: --mode must be correctness or throughput\n");
     return 2;
 }
