@@ -1,15 +1,34 @@
 #!/usr/bin/env bash
-# Extra checks run by scripts/test.sh after the sanitizer pass: the concurrency stress tests
-# under ThreadSanitizer (any report fails the run).
+# Extra checks run by scripts/test.sh after the sanitizer pass:
+#  1. the concurrency stress tests under ThreadSanitizer (any report fails the run);
+#  2. every libFuzzer driver (tests/fuzz/fuzz_*.c) for a bounded time each
+#     (LMCACHE_FUZZ_SECONDS, default 30), with ASan+UBSan; a crash fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/build.sh build-tsan -DLMCACHE_TSAN=ON -DLMCACHE_TESTS=ON
-
-export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 rc=0
+scripts/build.sh build-tsan -DLMCACHE_TSAN=ON -DLMCACHE_TESTS=ON
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 for t in build-tsan/test_l1_stress; do
     echo "--- $t (ThreadSanitizer)"
     timeout 600 "$t" || rc=1
+done
+
+CC=clang scripts/build.sh build-fuzz -DLMCACHE_FUZZ=ON -DLMCACHE_TESTS=OFF
+secs=${LMCACHE_FUZZ_SECONDS:-30}
+for f in build-fuzz/fuzz_*; do
+    [ -x "$f" ] || continue
+    name=$(basename "$f")
+    corpus=build-fuzz/corpus/$name
+    mkdir -p "$corpus"
+    echo "--- $name (libFuzzer, ${secs}s)"
+    if ! (cd build-fuzz && timeout $((secs * 3 + 60)) "./$name" -max_total_time="$secs" \
+            -max_len=8192 -rss_limit_mb=4096 -print_final_stats=0 "corpus/$name" \
+            >"$name.log" 2>&1); then
+        tail -40 "build-fuzz/$name.log"
+        rc=1
+    else
+        grep -E '^Done' "build-fuzz/$name.log" || true
+    fi
 done
 exit $rc

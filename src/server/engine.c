@@ -231,7 +231,7 @@ static int session_cleanup_tick(void *arg, json_t **summary) {
     return 0;
 }
 
-int engine_start(struct engine *e, char *errbuf, size_t errlen) {
+int engine_start_caches(struct engine *e, char *errbuf, size_t errlen) {
     const struct server_config *c = e->cfg;
     e->quota = quota_create();
     if (!e->quota) {
@@ -254,12 +254,19 @@ int engine_start(struct engine *e, char *errbuf, size_t errlen) {
         return -1;
     }
     register_l1_metrics(e);
+    register_dp_metrics(e);
+    return 0;
+}
+
+int engine_start(struct engine *e, char *errbuf, size_t errlen) {
+    const struct server_config *c = e->cfg;
+    char err[256];
+    if (engine_start_caches(e, errbuf, errlen) < 0) return -1;
     if (periodic_start(e->periodic, "l1-evictor", PERIODIC_HIGH, 0.1, l1_evictor_tick, e, err,
                        sizeof(err)) < 0) {
         snprintf(errbuf, errlen, "l1-evictor: %s", err);
         return -1;
     }
-    register_dp_metrics(e);
     double reap_every =
         c->worker_reap_timeout_seconds > 0 ? c->worker_reap_timeout_seconds / 4 : 30;
     if (periodic_start(e->periodic, "worker-reaper", PERIODIC_MEDIUM, reap_every, reaper_tick, e,

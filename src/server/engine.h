@@ -69,7 +69,10 @@ struct engine {
 /* Creates the parts that the admin API needs before the engine is ready
  * (metrics, periodic registry). Returns 0 or -1 with errbuf. */
 int engine_create(struct engine *e, const struct server_config *cfg, char *errbuf, size_t errlen);
-/* Brings the cache up (memory, background jobs) and marks the engine ready. */
+/* Creates the caches and their metrics, without threads or sockets (tests and fuzzers use
+ * this alone; engine_start calls it first). */
+int engine_start_caches(struct engine *e, char *errbuf, size_t errlen);
+/* Brings the cache up (memory, background jobs, data socket) and marks the engine ready. */
 int engine_start(struct engine *e, char *errbuf, size_t errlen);
 int engine_is_ready(const struct engine *e);
 /* Stops background jobs and releases everything. */

@@ -29,6 +29,13 @@ struct dp_err {
     char message[256];
 };
 
+/* Elements (of any type) one payload may hold: bounds the decoder's memory (~24 B each). */
+#define DP_MAX_ELEMENTS (16u << 20)
+
+/* Checks a msgpack document's structure without allocating; 0 when it is well formed, fits len
+ * and has at most max_elements elements. */
+int dp_msgpack_check(const void *buf, size_t len, uint64_t max_elements);
+
 /* Decodes a payload frame into a map. Returns 0, or -1 with err set (bad_request). The
  * unpacked object keeps pointers into buf and lives in up. */
 int dp_decode(const void *buf, size_t len, msgpack_unpacked *up, struct dp_map *out,
