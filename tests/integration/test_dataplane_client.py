@@ -1,0 +1,113 @@
+"""liblmcache-client against the real server: the smoke program (every operation through the
+shared library), `lmcache bench server` in correctness and throughput modes with small layouts,
+and the installed library (cmake --install, pkg-config) building the example of docs/client.md."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import BIN, ROOT
+
+BUILD = os.environ.get("LMCACHE_BUILD_DIR", os.path.dirname(BIN))
+SMALL = ["--layers", "2", "--kv-heads", "2", "--head-dim", "32", "--tokens-per-block", "16",
+         "--prompt-tokens", "512"]
+
+
+def run(argv, timeout=300, **kw):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def bench(s, *args):
+    return run([BIN, "bench", "server", "--port", str(s.zmq_port), "--http-port",
+                str(s.http_port)] + SMALL + list(args))
+
+
+def test_smoke_program_every_operation(server):
+    exe = os.path.join(BUILD, "lmcache_client_smoke")
+    r = run([exe, "127.0.0.1", str(server.zmq_port)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith("OK")
+    assert "FAIL" not in r.stdout
+
+
+def test_bench_correctness_passes(make_server):
+    s = make_server(args=["--chunk-size", "128"])
+    r = bench(s, "--prompts", "3", "--seed", "11")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("server match -> ok") == 3
+    assert "PASSED: 3 prompts, 0 mismatches, 0 errors" in r.stdout
+
+
+@pytest.mark.parametrize("extra", [["--block-order", "block_major"], ["--kv-count", "1"]])
+def test_bench_correctness_other_layouts(make_server, extra):
+    s = make_server()
+    r = bench(s, "--prompts", "2", *extra)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED" in r.stdout
+
+
+def test_bench_correctness_exits_1_on_mismatch(make_server):
+    # Same seed twice: the second cold pass finds its prompts already cached.
+    s = make_server()
+    assert bench(s, "--prompts", "2", "--seed", "5").returncode == 0
+    r = bench(s, "--prompts", "2", "--seed", "5", "--instance-base", "2000")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED: 2 prompts, 2 mismatches" in r.stdout
+
+
+def test_bench_reports_a_server_that_is_not_there():
+    r = run([BIN, "bench", "server", "--port", "9", "--timeout-ms", "300"] + SMALL)
+    assert r.returncode == 1
+    assert "timeout" in r.stderr
+
+
+def test_bench_throughput_small(make_server):
+    s = make_server(l1_size_gb="0.5")
+    r = bench(s, "--mode", "throughput", "--clients", "2", "--prompts", "3", "--rounds", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for line in ("memcpy reference", "store (shm)", "retrieve (shm)", "store_bytes",
+                 "retrieve_bytes"):
+        assert line in r.stdout, r.stdout
+    m = re.search(r"lookup latency .*?(\d+) samples\): p50 ([\d.]+) us", r.stdout)
+    assert m and int(m.group(1)) == 2 * 3 * 2
+
+
+def test_bench_usage():
+    r = run([BIN, "bench", "server", "--help"])
+    assert r.returncode == 0 and "--prompt-tokens" in r.stdout
+    r = run([BIN, "bench", "server", "--no-such-flag"])
+    assert r.returncode == 2
+    r = run([BIN, "bench"])
+    assert "server" in r.stderr and "l1" in r.stderr
+
+
+def example_source():
+    with open(os.path.join(ROOT, "docs", "client.md")) as f:
+        text = f.read()
+    blocks = re.findall(r"```c\n(.*?)```", text, re.S)
+    return next(b for b in blocks if "int main" in b)
+
+
+@pytest.mark.skipif(not shutil.which("pkg-config") or not shutil.which("cc"),
+                    reason="needs pkg-config and a C compiler")
+def test_installed_library_builds_the_docs_example(server, tmp_path):
+    prefix = tmp_path / "prefix"
+    r = run(["cmake", "--install", BUILD, "--prefix", str(prefix)])
+    assert r.returncode == 0, r.stderr
+    for f in ("include/lmcache/client.h", "lib/liblmcache-client.a", "lib/liblmcache-client.so",
+              "lib/pkgconfig/lmcache-client.pc"):
+        assert (prefix / f).exists(), f
+    env = dict(os.environ, PKG_CONFIG_PATH=str(prefix / "lib" / "pkgconfig"))
+    flags = run(["pkg-config", "--cflags", "--libs", "lmcache-client"], env=env)
+    assert flags.returncode == 0, flags.stderr
+    src = tmp_path / "example.c"
+    src.write_text(example_source())
+    exe = tmp_path / "example"
+    r = run(["cc", "-std=c11", "-Wall", "-Werror", str(src), "-o", str(exe)]
+            + flags.stdout.split() + ["-Wl,-rpath," + str(prefix / "lib")])
+    assert r.returncode == 0, r.stderr
+    r = run([str(exe), "127.0.0.1", str(server.zmq_port)], timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stored 2, skipped 0, hit 2, retrieved 2 chunks" in r.stdout
