@@ -388,6 +388,11 @@ json_t *engine_status(struct engine *e) {
                      (json_int_t)jobs, "storage_manager", sm);
 }
 
+struct l2_adapter **engine_l2_adapters(struct engine *e, size_t *n) {
+    *n = e->nl2;
+    return e->l2;
+}
+
 json_t *engine_adapters(struct engine *e) {
     (void)e;
     return json_array();

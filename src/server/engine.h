@@ -24,6 +24,7 @@ struct periodic_registry;
 struct metric;
 struct logger;
 struct dataplane;
+struct l2_adapter;
 
 /* Data-plane metrics (names from the LMCache MP server's catalogue). */
 struct engine_dp_metrics {
@@ -62,6 +63,10 @@ struct engine {
     struct dataplane *dp;
     struct engine_dp_metrics dpm;
     struct logger *lg_dp;
+    /* L2: the configured adapters in configuration order (index 0 is primary); set before
+     * ready, never changes after. */
+    struct l2_adapter **l2;
+    size_t nl2;
 };
 
 #define ENGINE_CHECK(e) CHECK((e) && (e)->magic == ENGINE_MAGIC)
@@ -87,6 +92,9 @@ size_t engine_clear_l1(struct engine *e);
 uint64_t engine_salt_usage_bytes(struct engine *e, const char *salt);
 /* Tells the tiers that the quota table changed (after PUT/DELETE /quota). */
 void engine_quota_changed(struct engine *e);
+
+/* The L2 adapters in configuration order (*n = 0 without L2). Valid while the engine is ready. */
+struct l2_adapter **engine_l2_adapters(struct engine *e, size_t *n);
 
 /* GET /status body (a new reference). */
 json_t *engine_status(struct engine *e);
