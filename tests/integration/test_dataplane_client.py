@@ -83,6 +83,20 @@ def test_bench_usage():
     assert "server" in r.stderr and "l1" in r.stderr
 
 
+def sanitizer_flags():
+    """A sanitized build installs a sanitized library: the example must link the runtime too."""
+    try:
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            cache = f.read()
+    except FileNotFoundError:
+        return []
+    if re.search(r"^LMCACHE_SANITIZE:BOOL=ON$", cache, re.M):
+        return ["-fsanitize=address,undefined"]
+    if re.search(r"^LMCACHE_TSAN:BOOL=ON$", cache, re.M):
+        return ["-fsanitize=thread"]
+    return []
+
+
 def example_source():
     with open(os.path.join(ROOT, "docs", "client.md")) as f:
         text = f.read()
@@ -106,7 +120,7 @@ def test_installed_library_builds_the_docs_example(server, tmp_path):
     src.write_text(example_source())
     exe = tmp_path / "example"
     r = run(["cc", "-std=c11", "-Wall", "-Werror", str(src), "-o", str(exe)]
-            + flags.stdout.split() + ["-Wl,-rpath," + str(prefix / "lib")])
+            + flags.stdout.split() + ["-Wl,-rpath," + str(prefix / "lib")] + sanitizer_flags())
     assert r.returncode == 0, r.stderr
     r = run([str(exe), "127.0.0.1", str(server.zmq_port)], timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
