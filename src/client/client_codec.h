@@ -30,6 +30,9 @@ void lmcc_put_i64_array(struct lmcc_map *m, const char *key, const int64_t *v, s
 lmc_status lmcc_put_chunks(struct lmcc_map *m, const lmc_chunks *ch, lmc_error *err);
 void lmcc_put_layout(struct lmcc_map *m, const lmc_kv_layout *l);
 
+/* 0 when `data` is exactly one msgpack object whose every length and element count fits in the
+ * bytes that follow it (so decoding it allocates O(len)); -1 otherwise. Linear, no recursion. */
+int lmcc_check_structure(const char *data, size_t len);
 /* Decodes a reply body: it must be a msgpack map with a boolean `ok`. On success *map points into
  * `up` (which the caller destroys). */
 lmc_status lmcc_decode_reply(const char *body, size_t len, msgpack_unpacked *up,

@@ -260,6 +260,45 @@ static void test_decode_malformed(void **state) {
     msgpack_unpacked_destroy(&up);
 }
 
+static void test_structure_check(void **state) {
+    (void)state;
+    /* Counts the bytes cannot back are rejected before msgpack-c allocates for them. */
+    assert_int_equal(lmcc_check_structure("\xdf\xff\xff\xff\xff", 5), -1);
+    assert_int_equal(lmcc_check_structure("\xdd\x7f\xff\xff\xff\x01", 6), -1);
+    assert_int_equal(lmcc_check_structure("\x91\xdd\x00\x01\x00\x00\x01", 7), -1);
+    assert_int_equal(lmcc_check_structure("\xc6\xff\xff\xff\xff", 5), -1);
+    assert_int_equal(lmcc_check_structure("\xd9\x03"
+                                          "ab",
+                                          4),
+                     -1);
+    assert_int_equal(lmcc_check_structure("\xcf\x00", 2), -1);
+    assert_int_equal(lmcc_check_structure("\xc1", 1), -1);
+    assert_int_equal(lmcc_check_structure("", 0), -1);
+    assert_int_equal(lmcc_check_structure("\xc3\xc3", 2), -1); /* two objects */
+    /* Well-formed objects of every family pass. */
+    assert_int_equal(lmcc_check_structure("\x80", 1), 0);
+    assert_int_equal(lmcc_check_structure("\xdf\x00\x00\x00\x01\xa2ok\xc3", 9), 0);
+    assert_int_equal(lmcc_check_structure("\x92\x91\x90\xcb\0\0\0\0\0\0\0\0", 12), 0);
+    assert_int_equal(lmcc_check_structure("\xc4\x02xy", 4), 0);
+    assert_int_equal(lmcc_check_structure("\xd6\x01\0\0\0\0", 6), 0);
+    assert_int_equal(lmcc_check_structure("\xc7\x02\x05"
+                                          "ab",
+                                          5),
+                     0);
+    /* Whatever the encoder writes passes. */
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    uint32_t toks[3] = {1, 70000, 0xffffffffu};
+    lmc_chunks ch = {.token_ids = toks, .num_tokens = 3, .start = 0, .end = -1, .cache_salt = "s"};
+    assert_int_equal(lmcc_put_chunks(&m, &ch, NULL), LMC_OK);
+    lmcc_put_int(&m, "neg", -70000);
+    lmcc_put_bool(&m, "b", false);
+    assert_int_equal(lmcc_map_finish(&m), 0);
+    assert_int_equal(lmcc_check_structure(m.buf.data, m.buf.size), 0);
+    assert_int_equal(lmcc_check_structure(m.buf.data, m.buf.size - 1), -1);
+    lmcc_map_destroy(&m);
+}
+
 static void test_error_mapping(void **state) {
     (void)state;
     static const struct {
@@ -395,6 +434,7 @@ int main(void) {
         cmocka_unit_test(test_layout_fields),
         cmocka_unit_test(test_decode_ok),
         cmocka_unit_test(test_decode_malformed),
+        cmocka_unit_test(test_structure_check),
         cmocka_unit_test(test_error_mapping),
         cmocka_unit_test(test_error_unknown_code_and_long_message),
         cmocka_unit_test(test_status_names),
