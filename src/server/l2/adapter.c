@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,13 +13,14 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "server/l2/fs.h"
 
 /* One row per adapter type. */
 static const struct {
     const char *type;
     l2_adapter_factory create;
 } factories[] = {
-    {NULL, NULL}, /* sentinel */
+    {"fs", fs_adapter_create}, {NULL, NULL}, /* sentinel */
 };
 
 const char *l2_strerror(int rc) {
@@ -344,15 +346,16 @@ int l2_adapter_event_fd(const struct l2_adapter *a) { return a->notify_fd; }
 int l2_adapter_run(struct l2_adapter *a, struct l2_task *t) {
     int rc = l2_adapter_submit(a, t);
     if (rc != L2_OK) return rc;
-    /* Tasks completed by others are requeued so no completion is lost. */
-    struct l2_task *others = NULL, *others_tail = NULL;
-    int done = 0;
-    while (!done) {
+    for (;;) {
         struct pollfd p = {.fd = a->own_fd, .events = POLLIN};
         pthread_mutex_lock(&a->cq_mu);
         int have = a->cq_head != NULL;
         pthread_mutex_unlock(&a->cq_mu);
         if (!have && poll(&p, 1, 100) < 0 && errno != EINTR) return L2_ERR_IO;
+        /* Tasks of other waiters are put back at once (holding them would deadlock two
+         * waiters that drained each other's task). */
+        struct l2_task *others = NULL, *others_tail = NULL;
+        int done = 0;
         for (struct l2_task *c = l2_adapter_drain(a), *next; c; c = next) {
             next = c->next;
             c->next = NULL;
@@ -366,16 +369,17 @@ int l2_adapter_run(struct l2_adapter *a, struct l2_task *t) {
                 others = c;
             others_tail = c;
         }
+        if (others) {
+            pthread_mutex_lock(&a->cq_mu);
+            others_tail->next = a->cq_head;
+            a->cq_head = others;
+            if (!a->cq_tail) a->cq_tail = others_tail;
+            pthread_mutex_unlock(&a->cq_mu);
+            signal_fd(a->notify_fd);
+        }
+        if (done) return t->status;
+        if (others) sched_yield();
     }
-    if (others) {
-        pthread_mutex_lock(&a->cq_mu);
-        others_tail->next = a->cq_head;
-        a->cq_head = others;
-        if (!a->cq_tail) a->cq_tail = others_tail;
-        pthread_mutex_unlock(&a->cq_mu);
-        signal_fd(a->notify_fd);
-    }
-    return t->status;
 }
 
 int l2_adapter_unlock(struct l2_adapter *a, const struct keys_object_key *keys, size_t n) {
