@@ -57,6 +57,9 @@ enum opt_type {
       OPT_REQUIRED, "Size of the L1 DRAM cache in GiB")                                            \
     X(l1_use_hugepages, "l1-use-hugepages", OPT_BOOL, "storage_manager", "false", 0, -1, NULL, 0,  \
       "Back L1 with 2 MiB huge pages (falls back to normal pages when none are available)")        \
+    X(l1_prefault, "l1-prefault", OPT_BOOL, "storage_manager", "true", 0, -1, NULL, 0,             \
+      "Fault the whole L1 arena in, in the background after start-up (--l1-prefault=false: "       \
+      "on first use)")                                                                             \
     X(eviction_policy, "eviction-policy", OPT_ENUM, "storage_manager", NULL, 0, -1,                \
       "LRU|IsolatedLRU", OPT_REQUIRED, "L1 eviction policy")                                       \
     X(eviction_trigger_watermark, "eviction-trigger-watermark", OPT_FLOAT, "storage_manager",      \

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -258,10 +260,40 @@ int engine_start_caches(struct engine *e, char *errbuf, size_t errlen) {
     return 0;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* Faults the L1 arena in ahead of use: a store into never-touched memory runs at a third of
+ * memcpy speed (page faults and zeroing), into faulted memory at full speed. MADV_POPULATE_WRITE
+ * keeps contents, so it is safe while stores run. One-shot, in 64 MiB steps, stoppable. */
+static void *prefault_main(void *arg) {
+    struct engine *e = arg;
+    pthread_setname_np(pthread_self(), "l1-prefault");
+    void *base;
+    uint64_t len, step = 64ULL << 20;
+    l1_arena_region(e->l1, &base, &len);
+    double t0 = clock_mono();
+    for (uint64_t off = 0; off < len && !atomic_load(&e->prefault_stop); off += step) {
+        uint64_t n = len - off < step ? len - off : step;
+        if (madvise((char *)base + off, n, MADV_POPULATE_WRITE) != 0) {
+            log_warn(log_get("lmcache.l1"), "L1 prefault stopped at %llu MiB: %s",
+                     (unsigned long long)(off >> 20), strerror(errno));
+            return NULL;
+        }
+        atomic_store(&e->prefaulted_bytes, off + n);
+    }
+    log_info(log_get("lmcache.l1"), "L1 prefault: %llu MiB in %.2f s",
+             (unsigned long long)(atomic_load(&e->prefaulted_bytes) >> 20), clock_mono() - t0);
+    return NULL;
+}
+
 int engine_start(struct engine *e, char *errbuf, size_t errlen) {
     const struct server_config *c = e->cfg;
     char err[256];
     if (engine_start_caches(e, errbuf, errlen) < 0) return -1;
+    if (c->l1_prefault && pthread_create(&e->prefault_tid, NULL, prefault_main, e) == 0)
+        e->prefault_started = 1;
     if (periodic_start(e->periodic, "l1-evictor", PERIODIC_HIGH, 0.1, l1_evictor_tick, e, err,
                        sizeof(err)) < 0) {
         snprintf(errbuf, errlen, "l1-evictor: %s", err);
@@ -299,6 +331,11 @@ int engine_is_ready(const struct engine *e) { return e && atomic_load(&e->ready)
 void engine_destroy(struct engine *e) {
     atomic_store(&e->ready, 0);
     /* Front end first, then background jobs, then what they use. */
+    if (e->prefault_started) {
+        atomic_store(&e->prefault_stop, 1);
+        pthread_join(e->prefault_tid, NULL);
+        e->prefault_started = 0;
+    }
     dataplane_stop(e->dp);
     e->dp = NULL;
     periodic_registry_free(e->periodic);
@@ -364,15 +401,16 @@ void engine_refresh_metrics(struct engine *e) {
 static json_t *l1_status(struct engine *e) {
     struct l1_stats st;
     l1_get_stats(e->l1, clock_mono_ns(), &st);
-    return json_pack(
-        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b}", "policy",
-        e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "staging_objects",
-        (json_int_t)st.staging_objects, "temporary_objects", (json_int_t)st.temporary_objects,
-        "locked_objects", (json_int_t)st.locked_objects, "read_locked_objects",
-        (json_int_t)st.read_locked_objects, "write_locked_objects",
-        (json_int_t)st.write_locked_objects, "bytes_used", (json_int_t)st.bytes_used, "bytes_total",
-        (json_int_t)st.bytes_total, "staging_bytes", (json_int_t)st.staging_bytes, "usage_ratio",
-        st.usage_ratio, "hugepages", st.hugetlb);
+    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:I}", "policy",
+                     e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "staging_objects",
+                     (json_int_t)st.staging_objects, "temporary_objects",
+                     (json_int_t)st.temporary_objects, "locked_objects",
+                     (json_int_t)st.locked_objects, "read_locked_objects",
+                     (json_int_t)st.read_locked_objects, "write_locked_objects",
+                     (json_int_t)st.write_locked_objects, "bytes_used", (json_int_t)st.bytes_used,
+                     "bytes_total", (json_int_t)st.bytes_total, "staging_bytes",
+                     (json_int_t)st.staging_bytes, "usage_ratio", st.usage_ratio, "hugepages",
+                     st.hugetlb, "prefaulted_bytes", (json_int_t)atomic_load(&e->prefaulted_bytes));
 }
 
 json_t *engine_status(struct engine *e) {

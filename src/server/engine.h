@@ -67,6 +67,11 @@ struct engine {
      * ready, never changes after. */
     struct l2_adapter **l2;
     size_t nl2;
+    /* background prefault of the L1 arena */
+    pthread_t prefault_tid;
+    int prefault_started;
+    _Atomic int prefault_stop;
+    _Atomic uint64_t prefaulted_bytes;
 };
 
 #define ENGINE_CHECK(e) CHECK((e) && (e)->magic == ENGINE_MAGIC)

@@ -4,6 +4,7 @@ import re
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -70,6 +71,14 @@ def test_log_level_from_environment(make_server):
 
 
 def test_threads_lists_every_thread_with_stacks(server):
+    # The one-shot l1-prefault thread exits when done; wait so the thread set is stable.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        l1 = server.get("/status").json()["storage_manager"]["l1"]
+        if l1["prefaulted_bytes"] == l1["bytes_total"]:
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)
     r = server.get("/threads")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     first = r.text.splitlines()[0]

@@ -172,8 +172,6 @@ def test_wrong_frame_counts_get_a_reply(srv):
     assert w.ok("noop")
 
 
-@pytest.mark.xfail(reason="the server answers a 2-frame request as if the payload were empty; "
-                          "docs/protocol.md requires exactly three frames", strict=False)
 def test_two_frames_is_bad_request(srv):
     _, w = srv()
     w.send([b"r1", b"noop"])
@@ -212,17 +210,12 @@ def test_missing_and_mistyped_fields_name_the_field(eng):
     assert w.ok("noop", whatever=1, nested={"a": [1]})
 
 
-@pytest.mark.xfail(reason="the server answers invalid_blocks for a block_ids field that is not an "
-                          "array; docs/protocol.md says a mistyped field is bad_request",
-                   strict=False)
 def test_block_ids_of_wrong_type_is_bad_request(eng):
     _, w, _ = eng()
     r = w.err("retrieve", "bad_request", instance_id=0, token_ids=[1], block_ids="0,1")
     assert "block_ids" in r["message"]
 
 
-@pytest.mark.xfail(reason="the server accepts token_ids and chunk_hashes together; "
-                          "docs/protocol.md requires exactly one", strict=False)
 def test_token_ids_and_chunk_hashes_together_is_bad_request(srv):
     _, w = srv()
     w.err("lookup", "bad_request", request_id="r", model_name=MODEL, token_ids=[1],

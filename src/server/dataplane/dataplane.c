@@ -210,7 +210,7 @@ static void receive_one(struct dataplane *dp) {
         zmq_msg_close(&m);
         nframes++;
     }
-    if (nframes != 4 && nframes != 3) {
+    if (nframes != 4) {
         char why[96];
         snprintf(why, sizeof(why),
                  "a request has 3 frames (request id, operation, payload), got %d", nframes - 1);

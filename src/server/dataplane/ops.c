@@ -51,6 +51,10 @@ static int parse_range(struct op_ctx *o, struct chunk_range *cr) {
     }
     const msgpack_object *hv = dp_get(o->m, "chunk_hashes");
     uint32_t total = 0;
+    if (hv && dp_get(o->m, "token_ids")) {
+        dp_fail(o->err, DP_BAD_REQUEST, "send either 'token_ids' or 'chunk_hashes', not both");
+        return -1;
+    }
     if (hv) {
         if (hv->type != MSGPACK_OBJECT_ARRAY) {
             dp_fail(o->err, DP_BAD_REQUEST, "field 'chunk_hashes' must be an array");
@@ -229,10 +233,30 @@ static struct kv_context *get_context(struct op_ctx *o) {
 static int parse_blocks(struct op_ctx *o, const struct kv_context *c, const struct chunk_range *cr,
                         uint32_t **blocks) {
     uint32_t n = 0;
-    if (dp_u32_array(o->m, "block_ids", 1, blocks, &n, o->err) < 0) {
-        if (o->err->code && !strcmp(o->err->code, DP_BAD_REQUEST) && dp_get(o->m, "block_ids"))
-            o->err->code = DP_INVALID_BLOCKS;
+    const msgpack_object *a;
+    if (dp_array(o->m, "block_ids", 1, &a, &n, o->err) < 0) return -1;
+    *blocks = malloc((n ? n : 1) * sizeof(**blocks));
+    if (!*blocks) {
+        dp_fail(o->err, DP_INTERNAL, "out of memory");
         return -1;
+    }
+    /* A non-integer is a malformed request; an integer outside the cache is a bad block. */
+    for (uint32_t i = 0; i < n; i++) {
+        if (a[i].type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+            dp_fail(o->err, DP_INVALID_BLOCKS, "block id %lld is out of range",
+                    (long long)a[i].via.i64);
+            return -1;
+        }
+        if (a[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            dp_fail(o->err, DP_BAD_REQUEST, "field 'block_ids'[%u] must be an integer", i);
+            return -1;
+        }
+        if (a[i].via.u64 >= c->layout.num_blocks) {
+            dp_fail(o->err, DP_INVALID_BLOCKS, "block id %llu out of range (num_blocks %u)",
+                    (unsigned long long)a[i].via.u64, c->layout.num_blocks);
+            return -1;
+        }
+        (*blocks)[i] = (uint32_t)a[i].via.u64;
     }
     uint64_t per = o->e->cfg->chunk_size / c->layout.tokens_per_block;
     uint64_t need = (uint64_t)(cr->end_chunk - cr->start_chunk) * per;
@@ -241,12 +265,6 @@ static int parse_blocks(struct op_ctx *o, const struct kv_context *c, const stru
                 cr->end_chunk - cr->start_chunk, (unsigned long long)need);
         return -1;
     }
-    for (uint64_t i = 0; i < need; i++)
-        if ((*blocks)[i] >= c->layout.num_blocks) {
-            dp_fail(o->err, DP_INVALID_BLOCKS, "block id %u out of range (num_blocks %u)",
-                    (*blocks)[i], c->layout.num_blocks);
-            return -1;
-        }
     return 0;
 }
 

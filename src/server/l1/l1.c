@@ -1008,3 +1008,8 @@ size_t l1_entry_overhead_bytes(void) {
     size_t e = (sizeof(struct l1_entry) + 8 + 15) / 16 * 16;
     return e + sizeof(struct l1_entry *);
 }
+
+void l1_arena_region(struct l1 *l1, void **base, uint64_t *len) {
+    *base = arena_base(l1->arena);
+    *len = arena_total_bytes(l1->arena);
+}

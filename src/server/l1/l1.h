@@ -206,6 +206,9 @@ void l1_salt_foreach(struct l1 *l1,
 /* Current bytes of one salt ("" = the empty salt); 0 for a salt never seen. For GET /quota. */
 uint64_t l1_salt_usage_bytes(struct l1 *l1, const char *salt);
 
+/* The arena mapping (for a background prefault with MADV_POPULATE_WRITE, which keeps contents). */
+void l1_arena_region(struct l1 *l1, void **base, uint64_t *len);
+
 const char *l1_strerror(int rc);
 /* Bytes of table metadata per object (entry + allocator + hash bucket), for benchmarks. */
 size_t l1_entry_overhead_bytes(void);
