@@ -550,3 +550,72 @@ def test_clear_and_ping(eng):
     assert w.ok("clear")["cleared"] == 2
     assert hits(w, "after-clear", toks) == 0
     w.ok("end_session", request_id="after-clear")
+
+
+# ---- invalid values ------------------------------------------------------------------------
+
+T96 = list(range(3 * CHUNK))
+
+
+@pytest.mark.parametrize("op,payload,field", [
+    ("lookup", dict(request_id="a", model_name=MODEL, token_ids=T96, start=5), "start"),
+    ("lookup", dict(request_id="a", model_name=MODEL, chunk_hashes=[b"x" * 33]), "chunk_hashes"),
+    ("lookup", dict(request_id="a", model_name=MODEL, chunk_hashes=[b""]), "chunk_hashes"),
+    ("lookup", dict(request_id="a" * 257, model_name=MODEL, token_ids=T96), "request_id"),
+    ("lookup", dict(request_id="a", model_name=MODEL, token_ids=T96, num_kv_readers=0),
+     "num_kv_readers"),
+    ("lookup", dict(request_id="a", model_name=MODEL, token_ids=[1 << 32] * CHUNK), "token_ids"),
+    ("lookup", dict(request_id="a", model_name=MODEL, token_ids=[-1] * CHUNK), "token_ids"),
+    ("lookup", dict(request_id="a", model_name=MODEL, token_ids=T96, world_size=0), "world_size"),
+    ("retrieve_bytes", dict(model_name=MODEL, world_size=1, worker_id=3, token_ids=T96),
+     "worker_id"),
+    ("store_bytes", dict(model_name=MODEL, token_ids=T96, chunks=[b"a"]), "chunks"),
+    ("store_bytes", dict(model_name=MODEL, token_ids=T96, chunks=["a", "b", "c"]), "chunks"),
+    ("ping", dict(instance_id="x"), "instance_id"),
+])
+def test_invalid_values_are_bad_request(srv, op, payload, field):
+    _, w = srv()
+    r = w.err(op, "bad_request", **payload)
+    assert field in r["message"], r
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(kv_count=3), "kv_count"),
+    (dict(block_order="diagonal"), "block_order"),
+    (dict(instance_id=-1), "instance_id"),
+    (dict(model_name="a@b"), "model_name"),
+])
+def test_invalid_layouts_are_bad_request(srv, change, field):
+    _, w = srv()
+    layout = dict(instance_id=1, model_name=MODEL, shm_name="/lmc-proto-unused", num_layers=1,
+                  num_blocks=4, tokens_per_block=TPB, bytes_per_token=16)
+    r = w.err("register_kv_cache", "bad_request", **dict(layout, **change))
+    assert field in r["message"], r
+
+
+def test_empty_request_id_is_bad_request(srv):
+    _, w = srv()
+    w.send([b"", b"noop", b""])
+    r_id, _, reply = w.recv()
+    assert r_id == b"" and reply["code"] == "bad_request"
+
+
+def test_reregistration_refreshes_or_replaces(srv):
+    _, w = srv()
+    small = Engine(w, instance=4, blocks=8)
+    big = Engine(w, instance=9, blocks=16)  # a second object, registered as 9 for now
+    try:
+        toks = prompt(20, 1)
+        # the same layout again only refreshes
+        w.ok("register_kv_cache", instance_id=4, model_name=MODEL, shm_name=small.name,
+             num_layers=LAYERS, num_blocks=8, tokens_per_block=TPB, bytes_per_token=BPT)
+        w.err("store", "invalid_blocks", instance_id=4, token_ids=toks, block_ids=[14, 15])
+        # another shm name and layout replaces the registration
+        w.ok("register_kv_cache", instance_id=4, model_name=MODEL, shm_name=big.name,
+             num_layers=LAYERS, num_blocks=16, tokens_per_block=TPB, bytes_per_token=BPT)
+        big.fill(20)
+        assert w.ok("store", instance_id=4, token_ids=toks,
+                    block_ids=[14, 15])["stored_chunks"] == 1
+    finally:
+        small.close()
+        big.close()
