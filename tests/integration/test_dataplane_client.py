@@ -67,7 +67,7 @@ def test_bench_throughput_small(make_server):
     s = make_server(l1_size_gb="0.5")
     r = bench(s, "--mode", "throughput", "--clients", "2", "--prompts", "3", "--rounds", "2")
     assert r.returncode == 0, r.stdout + r.stderr
-    for line in ("memcpy reference", "store (shm)", "retrieve (shm)", "store_bytes",
+    for line in ("memcpy reference", "before", "store (shm)", "retrieve (shm)", "store_bytes",
                  "retrieve_bytes"):
         assert line in r.stdout, r.stdout
     m = re.search(r"lookup latency .*?(\d+) samples\): p50 ([\d.]+) us", r.stdout)
@@ -125,3 +125,12 @@ def test_installed_library_builds_the_docs_example(server, tmp_path):
     r = run([str(exe), "127.0.0.1", str(server.zmq_port)], timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "stored 2, skipped 0, hit 2, retrieved 2 chunks" in r.stdout
+
+
+def test_bench_throughput_warmup_clears_first(make_server):
+    s = make_server(l1_size_gb="0.5")
+    r = bench(s, "--mode", "throughput", "--prompts", "2", "--rounds", "1", "--no-bytes",
+              "--warmup")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "warm-up: stored and cleared 4 objects" in r.stdout
+    assert "store_bytes" not in r.stdout
