@@ -477,28 +477,44 @@ static int op_retrieve_bytes(struct op_ctx *o) {
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
     if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) return -1;
     if (parse_range(o, &cr) < 0) return -1;
-    /* The chunk array's length is known only at the end: pack the chunks into a side buffer. */
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    uint32_t got = 0;
+    /* Lock the leading present chunks first, so the reply can be sized exactly and each chunk
+     * copied once, straight from L1 into the reply. */
+    uint32_t want = cr.end_chunk - cr.start_chunk, got = 0;
+    struct l1_key *keys = calloc(want ? want : 1, sizeof(*keys));
+    struct l1_ref *refs = calloc(want ? want : 1, sizeof(*refs));
     uint64_t t0 = clock_mono_ns(), bytes = 0;
-    for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
-        struct l1_key key;
-        struct l1_ref ref;
-        if (make_key(o, &cr, ch, model, ws, rank, &key) < 0) break;
-        if (read_chunk(o, rid, &key, ch, rank, &ref) < 0) break;
-        msgpack_pack_bin(&pk, ref.size);
-        msgpack_pack_bin_body(&pk, ref.data, ref.size);
-        l1_finish_read(o->e->l1, &key, 1, clock_mono_ns());
-        got++;
-        bytes += ref.size;
+    int rc = 0;
+    if (!keys || !refs) {
+        dp_fail(o->err, DP_INTERNAL, "out of memory");
+        rc = -1;
     }
-    dp_key(o->r, "chunks");
-    msgpack_pack_array(&o->r->pk, got);
-    msgpack_sbuffer_write(&o->r->buf, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
+    for (uint32_t ch = cr.start_chunk; rc == 0 && ch < cr.end_chunk; ch++) {
+        if (make_key(o, &cr, ch, model, ws, rank, &keys[got]) < 0) break;
+        if (read_chunk(o, rid, &keys[got], ch, rank, &refs[got]) < 0) break;
+        bytes += refs[got].size;
+        got++;
+    }
+    if (rc == 0 && dp_reply_reserve(o->r, bytes + 16 + (size_t)got * 8) < 0) {
+        dp_fail(o->err, DP_INTERNAL, "out of memory for a %llu-byte reply",
+                (unsigned long long)bytes);
+        rc = -1;
+    }
+    if (rc == 0) {
+        dp_key(o->r, "chunks");
+        msgpack_pack_array(&o->r->pk, got);
+        for (uint32_t i = 0; i < got; i++) {
+            msgpack_pack_bin(&o->r->pk, refs[i].size);
+            msgpack_pack_bin_body(&o->r->pk, refs[i].data, refs[i].size);
+        }
+    }
+    uint64_t now = clock_mono_ns();
+    for (uint32_t i = 0; i < got; i++) l1_finish_read(o->e->l1, &keys[i], 1, now);
+    free(keys);
+    free(refs);
+    if (rc < 0) {
+        range_free(&cr);
+        return -1;
+    }
     observe_throughput(o->e, 0, model, bytes, t0);
     range_free(&cr);
     return 0;

@@ -312,6 +312,16 @@ void dp_reply_init(struct dp_reply *r) {
 
 void dp_reply_free(struct dp_reply *r) { msgpack_sbuffer_destroy(&r->buf); }
 
+int dp_reply_reserve(struct dp_reply *r, size_t extra) {
+    if (r->buf.size + extra <= r->buf.alloc) return 0;
+    size_t need = r->buf.size + extra + 256; /* room for the fields dp_finish adds */
+    char *p = realloc(r->buf.data, need);
+    if (!p) return -1;
+    r->buf.data = p;
+    r->buf.alloc = need;
+    return 0;
+}
+
 void dp_key(struct dp_reply *r, const char *name) {
     size_t n = strlen(name);
     msgpack_pack_str(&r->pk, n);

@@ -75,6 +75,9 @@ struct dp_reply {
 
 void dp_reply_init(struct dp_reply *r);
 void dp_reply_free(struct dp_reply *r);
+/* Makes room for `extra` more bytes at once (a large reply then costs one allocation and no
+ * regrowth copies). 0, or -1 when out of memory. */
+int dp_reply_reserve(struct dp_reply *r, size_t extra);
 /* Starts the next field; the caller packs exactly one value after it. */
 void dp_key(struct dp_reply *r, const char *name);
 void dp_put_bool(struct dp_reply *r, const char *name, int v);
