@@ -9,6 +9,7 @@ static const struct {
     int (*main)(int argc, char **argv);
     const char *summary;
 } BENCHES[] = {
+    {"l2", bench_l2_main, "fs L2 adapter store/load GB/s against raw O_DIRECT of the same disk"},
     {"l1", bench_l1_main, "L1 allocator ops/s, 128-chunk lookups on 1 and 2 threads, metadata"},
     {"server", bench_server_main,
      "round trips through a running server: correctness check or store/retrieve GB/s"},

@@ -6,6 +6,8 @@
 int bench_main(int argc, char **argv);
 /* `lmcache bench l1`: allocator, key-table lookup and metadata figures of L1. */
 int bench_l1_main(int argc, char **argv);
+/* `lmcache bench l2`: fs adapter GB/s against raw O_DIRECT throughput of the same filesystem. */
+int bench_l2_main(int argc, char **argv);
 /* `lmcache bench server`: round trips through a running server's data socket (correctness and
  * throughput modes). */
 int bench_server_main(int argc, char **argv);
