@@ -8,6 +8,8 @@ PKGS=(
   build-essential cmake pkg-config git clang libclang-rt-14-dev clang-format
   # server
   libmicrohttpd-dev libjansson-dev libzmq3-dev libssl-dev libmsgpack-dev liburing-dev
+  # S3 L2 adapter (libcurl + expat); awscli and nodejs/npm (s3rver) for its tests
+  libcurl4-openssl-dev libexpat1-dev awscli
   # master
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
   # tests
