@@ -13,6 +13,8 @@ static const struct {
     {"l1", bench_l1_main, "L1 allocator ops/s, 128-chunk lookups on 1 and 2 threads, metadata"},
     {"server", bench_server_main,
      "round trips through a running server: correctness check or store/retrieve GB/s"},
+    {"s3", bench_s3_main,
+     "S3 L2 adapter PUT/GET MB/s against an S3 endpoint (scripts/bench-s3.sh)"},
 };
 #define NBENCH (sizeof(BENCHES) / sizeof(BENCHES[0]))
 

@@ -11,5 +11,7 @@ int bench_l2_main(int argc, char **argv);
 /* `lmcache bench server`: round trips through a running server's data socket (correctness and
  * throughput modes). */
 int bench_server_main(int argc, char **argv);
+/* `lmcache bench s3`: PUT/GET throughput of the S3 L2 adapter. */
+int bench_s3_main(int argc, char **argv);
 
 #endif
