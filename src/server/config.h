@@ -70,6 +70,16 @@ enum opt_type {
       31536000, NULL, 0, "Lease of an L1 write lock")                                              \
     X(l2_adapter, "l2-adapter", OPT_JSONLIST, "storage_manager", NULL, 0, -1, NULL, 0,             \
       "L2 adapter as a JSON object (repeatable), e.g. '{\"type\":\"fs\",\"base_path\":\"/d\"}'")   \
+    X(l2_store_policy, "l2-store-policy", OPT_ENUM, "storage_manager", "default", 0, -1,           \
+      "default|skip_l1", 0,                                                                        \
+      "default: stored objects stay in L1 and go to every L2 adapter; skip_l1: dropped from L1 "   \
+      "once every adapter has them")                                                               \
+    X(l2_prefetch_policy, "l2-prefetch-policy", OPT_ENUM, "storage_manager", "default", 0, -1,     \
+      "default|retain", 0,                                                                         \
+      "default: objects loaded from L2 for a lookup are freed after their last read; retain: "     \
+      "they stay in L1")                                                                           \
+    X(l2_prefetch_max_in_flight, "l2-prefetch-max-in-flight", OPT_INT, "storage_manager", "8", 1,  \
+      4096, NULL, 0, "L2 prefetch requests in their lookup/load phases at once")                   \
     X(log_level, "log-level", OPT_ENUM, "observability", NULL, 0, -1,                              \
       "DEBUG|INFO|WARNING|ERROR|CRITICAL", 0,                                                      \
       "Level of the lmcache loggers (default: $LMCACHE_LOG_LEVEL, else INFO)")

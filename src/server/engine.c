@@ -19,6 +19,7 @@
 #include "server/dataplane/dataplane.h"
 #include "server/keys.h"
 #include "server/l1/l1.h"
+#include "server/l2/controller.h"
 
 static void random_uuid(char *out, size_t len) {
     unsigned char b[16];
@@ -171,7 +172,7 @@ static void register_dp_metrics(struct engine *e) {
     static const char *const OP[] = {"operation", NULL};
     static const char *const MS[] = {"model_name", "cache_salt", NULL};
     static const char *const MODEL[] = {"model_name", NULL};
-    static const double GBPS[] = {0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64};
+    static const double GBPS[] = {1e8, 2.5e8, 5e8, 1e9, 2e9, 4e9, 8e9, 16e9, 32e9, 64e9};
     m->requests = metrics_counter(r, "lmcache_mp_dataplane_requests_total",
                                   "Data-plane requests by operation and result.", OPRES);
     m->duration = metrics_histogram(r, "lmcache_mp_dataplane_request_duration_seconds",
@@ -180,12 +181,14 @@ static void register_dp_metrics(struct engine *e) {
     m->lookups = metrics_counter(r, "lmcache_mp_lookups_requests_total", "Lookup requests.", MS);
     m->lookup_requested = metrics_counter(r, "lmcache_mp_lookup_requested_tokens_total",
                                           "Tokens asked for by lookups.", MS);
-    m->lookup_hit =
-        metrics_counter(r, "lmcache_mp_lookup_hit_tokens_total", "Tokens found by lookups.", MS);
-    m->store_gbps = metrics_histogram(r, "lmcache_mp_l0_l1_store_throughput_GB_per_second",
+    m->lookup_hit = metrics_counter(r, "lmcache_mp_lookup_hit_tokens_total",
+                                    "Tokens found by lookups (L1 and L2).", MS);
+    m->lookup_hit_l2 = metrics_counter(r, "lmcache_mp_lookup_hit_l2_tokens_total",
+                                       "Tokens found by lookups in L2 (loaded into L1).", MS);
+    m->store_gbps = metrics_histogram(r, "lmcache_mp_l0_l1_store_throughput_bytes_per_second",
                                       "Engine-to-L1 store throughput per request.", MODEL, GBPS,
                                       sizeof(GBPS) / sizeof(GBPS[0]));
-    m->load_gbps = metrics_histogram(r, "lmcache_mp_l0_l1_load_throughput_GB_per_second",
+    m->load_gbps = metrics_histogram(r, "lmcache_mp_l0_l1_load_throughput_bytes_per_second",
                                      "L1-to-engine load throughput per request.", MODEL, GBPS,
                                      sizeof(GBPS) / sizeof(GBPS[0]));
     m->stores_submitted = metric_series(metrics_counter(r, "lmcache_mp_num_submitted_stores_total",
@@ -233,6 +236,97 @@ static int session_cleanup_tick(void *arg, json_t **summary) {
     return 0;
 }
 
+static void add_delta(struct metric_family *f, const char *const *labels, uint64_t now,
+                      uint64_t *last) {
+    if (now > *last) metrics_add(f, labels, (double)(now - *last));
+    *last = now;
+}
+
+/* `l2-evictor`: per-adapter L2 eviction (watermark, IsolatedLRU quotas). */
+static int l2_evictor_tick(void *arg, json_t **summary) {
+    struct engine *e = arg;
+    struct l2ctl_tick_report rep = {0};
+    if (l2ctl_evict_tick(e->l2ctl, clock_mono_ns(), &rep) != L2_OK) return -1;
+    *summary = json_pack("{s:I, s:I, s:I}", "evicted_objects", (json_int_t)rep.evicted_objects,
+                         "evicted_bytes", (json_int_t)rep.evicted_bytes, "skipped_locked",
+                         (json_int_t)rep.skipped_locked);
+    return 0;
+}
+
+static double g_l2_usage(void *a) {
+    struct engine *e = a;
+    return e->l2ctl ? (double)l2ctl_usage_bytes(e->l2ctl) : 0;
+}
+
+static double g_l2_queue(void *a) {
+    struct engine *e = a;
+    struct l2ctl_stats st;
+    l2ctl_stats(e->l2ctl, &st);
+    return (double)st.store_queue_depth;
+}
+
+static double g_l2_inflight(void *a) {
+    struct engine *e = a;
+    struct l2ctl_stats st;
+    l2ctl_stats(e->l2ctl, &st);
+    return (double)(st.store_in_flight + st.prefetch_active);
+}
+
+static void register_l2_metrics(struct engine *e) {
+    struct engine_l2_metrics *m = &e->l2m;
+    struct metrics *r = e->metrics;
+    static const char *const NAME[] = {"l2_name", NULL};
+    static const char *const REASON[] = {"reason", NULL};
+    m->last = calloc(e->nl2, sizeof(*m->last));
+    m->store_completed = metrics_counter(r, "lmcache_mp_l2_store_completed_requests_total",
+                                         "L2 store tasks completed, per adapter.", NAME);
+    m->load_completed = metrics_counter(r, "lmcache_mp_l2_load_completed_requests_total",
+                                        "L2 load tasks completed, per adapter.", NAME);
+    m->store_objects = metrics_counter(r, "lmcache_mp_l2_store_completed_objects_chunks_total",
+                                       "Chunks stored into L2, per adapter.", NAME);
+    m->load_objects = metrics_counter(r, "lmcache_mp_l2_load_completed_objects_chunks_total",
+                                      "Chunks loaded from L2, per adapter.", NAME);
+    m->prefetch_failure = metrics_counter(r, "lmcache_mp_l2_prefetch_failure_total",
+                                          "L2 prefetch failures by reason.", REASON);
+    m->evicted = metrics_counter(r, "lmcache_mp_l2_evicted_objects_chunks_total",
+                                 "Chunks evicted from L2.", NULL);
+    m->store_submitted = metrics_counter(r, "lmcache_mp_l2_store_submitted_objects_chunks_total",
+                                         "Chunks queued for write-through to L2.", NULL);
+    metrics_gauge_fn(r, "lmcache_mp_l2_usage_bytes", "Bytes held by every L2 adapter.", g_l2_usage,
+                     e);
+    metrics_gauge_fn(r, "lmcache_mp_l2_store_queue_depth", "Chunks waiting for write-through.",
+                     g_l2_queue, e);
+    metrics_gauge_fn(r, "lmcache_mp_num_inflight_l2_operations",
+                     "L2 store tasks and prefetch requests in flight.", g_l2_inflight, e);
+    metric_series(m->evicted);
+    metric_series(m->store_submitted);
+    static const char *const OOM[] = {"l1_oom"}, *const NF[] = {"not_found"};
+    metric_labels(m->prefetch_failure, OOM);
+    metric_labels(m->prefetch_failure, NF);
+}
+
+/* Caller holds e->l1m.lock (the one mutex for mirrored counters). */
+static void do_refresh_l2_metrics(struct engine *e) {
+    struct engine_l2_metrics *m = &e->l2m;
+    if (!e->l2ctl || !m->last) return;
+    for (size_t i = 0; i < e->nl2; i++) {
+        struct l2_counters c;
+        l2_adapter_counters(e->l2[i], &c);
+        const char *name[] = {l2_adapter_type_name(e->l2[i])};
+        add_delta(m->store_completed, name, c.store_tasks, &m->last[i][0]);
+        add_delta(m->load_completed, name, c.load_tasks, &m->last[i][1]);
+        add_delta(m->store_objects, name, c.store_keys_ok, &m->last[i][2]);
+        add_delta(m->load_objects, name, c.load_keys_ok, &m->last[i][3]);
+    }
+    struct l2ctl_stats st;
+    l2ctl_stats(e->l2ctl, &st);
+    static const char *const OOM[] = {"l1_oom"}, *const NF[] = {"not_found"};
+    add_delta(m->prefetch_failure, OOM, st.prefetch_failure_l1_oom, &m->last_fail_oom);
+    add_delta(m->prefetch_failure, NF, st.prefetch_failure_not_found, &m->last_fail_nf);
+    add_delta(m->evicted, NULL, st.evicted_objects, &m->last_evicted);
+    add_delta(m->store_submitted, NULL, st.store_submitted_objects, &m->last_submitted);
+}
+
 int engine_start_caches(struct engine *e, char *errbuf, size_t errlen) {
     const struct server_config *c = e->cfg;
     e->quota = quota_create();
@@ -257,6 +351,27 @@ int engine_start_caches(struct engine *e, char *errbuf, size_t errlen) {
     }
     register_l1_metrics(e);
     register_dp_metrics(e);
+    if (json_array_size(c->l2_adapter) > 0) {
+        struct l2ctl_config l2c = {0};
+        l2c.l1 = e->l1;
+        l2c.quota = e->quota;
+        l2c.prefetch_max_in_flight = (uint32_t)c->l2_prefetch_max_in_flight;
+        l2c.store_policy =
+            strcmp(c->l2_store_policy, "skip_l1") == 0 ? L2CTL_STORE_SKIP_L1 : L2CTL_STORE_DEFAULT;
+        if (l2ctl_create(&l2c, c->l2_adapter, &e->l2ctl, err, sizeof(err)) != L2_OK ||
+            l2ctl_start(e->l2ctl, err, sizeof(err)) != L2_OK) {
+            snprintf(errbuf, errlen, "L2: %s", err);
+            return -1;
+        }
+        e->nl2 = l2ctl_adapter_count(e->l2ctl);
+        e->l2 = calloc(e->nl2, sizeof(*e->l2));
+        if (!e->l2) {
+            snprintf(errbuf, errlen, "out of memory");
+            return -1;
+        }
+        for (size_t i = 0; i < e->nl2; i++) e->l2[i] = l2ctl_adapter(e->l2ctl, i);
+        register_l2_metrics(e);
+    }
     return 0;
 }
 
@@ -299,6 +414,11 @@ int engine_start(struct engine *e, char *errbuf, size_t errlen) {
         snprintf(errbuf, errlen, "l1-evictor: %s", err);
         return -1;
     }
+    if (e->l2ctl && periodic_start(e->periodic, "l2-evictor", PERIODIC_MEDIUM, 1.0, l2_evictor_tick,
+                                   e, err, sizeof(err)) < 0) {
+        snprintf(errbuf, errlen, "l2-evictor: %s", err);
+        return -1;
+    }
     double reap_every =
         c->worker_reap_timeout_seconds > 0 ? c->worker_reap_timeout_seconds / 4 : 30;
     if (periodic_start(e->periodic, "worker-reaper", PERIODIC_MEDIUM, reap_every, reaper_tick, e,
@@ -321,7 +441,8 @@ int engine_start(struct engine *e, char *errbuf, size_t errlen) {
 size_t engine_clear_l1(struct engine *e) { return l1_clear(e->l1, true, clock_mono_ns()); }
 
 uint64_t engine_salt_usage_bytes(struct engine *e, const char *salt) {
-    return l1_salt_usage_bytes(e->l1, salt);
+    return l1_salt_usage_bytes(e->l1, salt) +
+           (e->l2ctl ? l2ctl_salt_usage_bytes(e->l2ctl, salt) : 0);
 }
 
 void engine_quota_changed(struct engine *e) { l1_quota_changed(e->l1); }
@@ -339,6 +460,13 @@ void engine_destroy(struct engine *e) {
     dataplane_stop(e->dp);
     e->dp = NULL;
     periodic_registry_free(e->periodic);
+    /* Pending L2 requests finish (their callbacks release locks through the session table). */
+    if (e->l2ctl) l2ctl_destroy(e->l2ctl);
+    e->l2ctl = NULL;
+    free(e->l2);
+    free(e->l2m.last);
+    e->l2 = NULL;
+    e->nl2 = 0;
     if (e->l1) {
         struct session *s = session_table_drain(&e->sessions);
         while (s) {
@@ -356,12 +484,6 @@ void engine_destroy(struct engine *e) {
     e->periodic = NULL;
     e->metrics = NULL;
     e->magic = 0;
-}
-
-static void add_delta(struct metric_family *f, const char *const *labels, uint64_t now,
-                      uint64_t *last) {
-    if (now > *last) metrics_add(f, labels, (double)(now - *last));
-    *last = now;
 }
 
 static void refresh_salt(const char *salt, const struct l1_salt_stats *st, void *arg) {
@@ -395,6 +517,7 @@ void engine_refresh_metrics(struct engine *e) {
     add_delta(m->triggered, NULL, st.eviction_triggered, &m->last_triggered);
     m->seen = 0;
     l1_salt_foreach(e->l1, refresh_salt, m);
+    do_refresh_l2_metrics(e);
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -415,11 +538,14 @@ static json_t *l1_status(struct engine *e) {
 
 json_t *engine_status(struct engine *e) {
     const struct server_config *c = e->cfg;
-    json_t *sm = json_pack("{s:b, s:o, s:[]}", "is_healthy", 1, "l1", l1_status(e), "l2");
+    json_t *sm =
+        e->l2ctl ? l2ctl_status(e->l2ctl) : json_pack("{s:b, s:[]}", "is_healthy", 1, "adapters");
+    json_object_set_new(sm, "l1", l1_status(e));
     size_t sessions = 0, jobs = 0;
     session_counts(&e->sessions, &sessions, &jobs);
-    return json_pack("{s:b, s:s, s:s, s:i, s:s, s:I, s:o, s:o, s:I, s:o}", "is_healthy", 1,
-                     "engine_type", "MPCacheServer", "instance_id", e->instance_id, "chunk_size",
+    return json_pack("{s:b, s:s, s:s, s:i, s:s, s:I, s:o, s:o, s:I, s:o}", "is_healthy",
+                     json_is_true(json_object_get(sm, "is_healthy")), "engine_type",
+                     "MPCacheServer", "instance_id", e->instance_id, "chunk_size",
                      (int)c->chunk_size, "hash_algorithm", c->hash_algorithm, "active_sessions",
                      (json_int_t)sessions, "registered_gpu_ids", kvreg_ids(&e->contexts),
                      "cache_context_meta", kvreg_meta(&e->contexts), "active_prefetch_jobs",
@@ -432,6 +558,5 @@ struct l2_adapter **engine_l2_adapters(struct engine *e, size_t *n) {
 }
 
 json_t *engine_adapters(struct engine *e) {
-    (void)e;
-    return json_array();
+    return e->l2ctl ? l2ctl_adapters_json(e->l2ctl) : json_array();
 }

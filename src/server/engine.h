@@ -29,8 +29,20 @@ struct l2_adapter;
 /* Data-plane metrics (names from the LMCache MP server's catalogue). */
 struct engine_dp_metrics {
     struct metric_family *requests, *duration, *lookups, *lookup_requested, *lookup_hit;
+    struct metric_family *lookup_hit_l2;
     struct metric_family *store_gbps, *load_gbps;
     struct metric *stores_submitted, *stores_finished, *retrieves_submitted, *retrieves_finished;
+};
+
+struct l2ctl;
+
+/* L2 metrics mirrored from the controller's and adapters' counters at each scrape. */
+struct engine_l2_metrics {
+    struct metric_family *store_completed, *load_completed, *store_objects, *load_objects;
+    struct metric_family *prefetch_failure, *evicted, *store_submitted;
+    /* last values seen, per adapter: store tasks, load tasks, store ok keys, load ok keys */
+    uint64_t (*last)[4];
+    uint64_t last_fail_oom, last_fail_nf, last_evicted, last_submitted;
 };
 
 /* Mirrors of L1's monotonic counters into the metrics registry (see engine_refresh_metrics). */
@@ -65,8 +77,11 @@ struct engine {
     struct logger *lg_dp;
     /* L2: the configured adapters in configuration order (index 0 is primary); set before
      * ready, never changes after. */
+    struct l2ctl *l2ctl; /* NULL without L2 adapters */
     struct l2_adapter **l2;
     size_t nl2;
+    _Atomic uint64_t session_gen;
+    struct engine_l2_metrics l2m;
     /* background prefault of the L1 arena */
     pthread_t prefault_tid;
     int prefault_started;

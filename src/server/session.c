@@ -191,3 +191,36 @@ void session_counts(struct session_table *t, size_t *sessions, size_t *jobs) {
     *jobs = t->jobs;
     pthread_mutex_unlock(&t->lock);
 }
+
+void session_prefetch_done(struct session_table *t, const char *id, uint64_t gen,
+                           const struct l1_key *keys, const uint8_t *ready, size_t nkeys,
+                           uint32_t locks,
+                           void (*release)(const struct l1_key *key, uint32_t locks, void *arg),
+                           void *arg) {
+    size_t kept = 0; /* keys [0, kept) now belong to the session */
+    pthread_mutex_lock(&t->lock);
+    struct session *s = do_find(t, id);
+    if (s && s->gen == gen) {
+        uint32_t ws = s->world_size;
+        size_t full = 0;
+        while ((full + 1) * ws <= nkeys) {
+            size_t r = 0;
+            while (r < ws && ready[full * ws + r]) r++;
+            if (r < ws) break;
+            full++;
+        }
+        if (s->locked_chunks + full > s->nchunks) full = s->nchunks - s->locked_chunks;
+        for (size_t i = 0; i < full * ws; i++) {
+            struct session_obj *o = &s->objs[(size_t)s->locked_chunks * ws + i];
+            o->key = keys[i];
+            o->locks = locks;
+        }
+        s->locked_chunks += (uint32_t)full;
+        s->hit_chunks = s->locked_chunks;
+        s->job_ready = 1;
+        kept = full * ws;
+    }
+    pthread_mutex_unlock(&t->lock);
+    for (size_t i = kept; i < nkeys; i++)
+        if (ready[i] && locks) release(&keys[i], locks, arg);
+}

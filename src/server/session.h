@@ -30,6 +30,7 @@ struct session {
     int job_ready;
     uint32_t hit_chunks;
     uint64_t created_ns;
+    uint64_t gen; /* unique per lookup: a late L2 result finds out whether its session is gone */
     struct session *next;
 };
 
@@ -57,6 +58,18 @@ void session_free(struct session *s);
 int session_query(struct session_table *t, const char *id, uint32_t *hits);
 /* Marks the lookup's prefetch job complete with `hits` leading chunks. */
 void session_job_done(struct session_table *t, const char *id, uint32_t hits);
+
+/* Applies a finished L2 prefetch to session id if it is still generation gen. keys/ready cover
+ * the chunks from the session's first unlocked chunk on, chunk-major (every rank of a chunk in
+ * turn); a ready key holds `locks` read locks. The leading chunks ready for every rank become the
+ * session's (locked_chunks and hit_chunks grow, the job turns ready); every other ready key's
+ * locks, or all of them when the session is gone, are handed to release() after the table lock
+ * is dropped. */
+void session_prefetch_done(struct session_table *t, const char *id, uint64_t gen,
+                           const struct l1_key *keys, const uint8_t *ready, size_t nkeys,
+                           uint32_t locks,
+                           void (*release)(const struct l1_key *key, uint32_t locks, void *arg),
+                           void *arg);
 
 /* Takes one of the session's locks on (absolute chunk, rank): 1 when it held one (the caller
  * now owns that lock and releases it after its copy), 0 otherwise. */

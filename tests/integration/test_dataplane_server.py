@@ -2,6 +2,7 @@
 POST /cache/checksums, concurrency, a working set larger than L1, quotas on real traffic,
 and locks of a vanished client released by lease expiry."""
 import hashlib
+import subprocess
 import random
 import threading
 import time
@@ -59,7 +60,10 @@ def test_store_retrieve_byte_identical_and_status(dp):
         body = s.get("/metrics").text
         assert 'lmcache_mp_lookup_hit_tokens_total{model_name="m",cache_salt=""} %.1f' % (
             3 * CHUNK) in body
-        assert "lmcache_mp_l0_l1_store_throughput_GB_per_second_count" in body
+        assert "lmcache_mp_l0_l1_store_throughput_bytes_per_second_count" in body
+        p = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True,
+                           text=True)
+        assert p.returncode == 0 and not (p.stdout + p.stderr).strip(), p.stdout + p.stderr
     finally:
         c.close()
         kv.close()

@@ -14,6 +14,7 @@
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
 #include "server/keys.h"
+#include "server/l2/controller.h"
 #include "server/session.h"
 
 #define MAX_CHUNKS (1u << 20)
@@ -125,8 +126,10 @@ oom:
 }
 
 /* The L1 key of chunk c for one rank. */
-static int make_key(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, const char *model,
-                    uint32_t world_size, uint32_t rank, struct l1_key *out) {
+static int make_key2(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, const char *model,
+                     uint32_t world_size, uint32_t rank, struct l1_key *out,
+                     struct keys_object_key *okey) {
+    struct keys_object_key kbuf, *kp = okey ? okey : &kbuf;
     struct keys_object_key k;
     memset(&k, 0, sizeof(k));
     memcpy(k.hash, cr->hashes[c], cr->hash_len[c]);
@@ -142,7 +145,41 @@ static int make_key(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, 
         dp_fail(o->err, DP_INTERNAL, "too many distinct model names or cache salts");
         return -1;
     }
+    *kp = k;
     return 0;
+}
+
+static int make_key(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, const char *model,
+                    uint32_t world_size, uint32_t rank, struct l1_key *out) {
+    return make_key2(o, cr, c, model, world_size, rank, out, NULL);
+}
+
+/* Objects a store admitted, for the write-through to L2 once the request is done. */
+struct wt_batch {
+    struct keys_object_key *keys;
+    struct l1_key *l1keys;
+    size_t n;
+};
+
+static void wt_init(struct op_ctx *o, struct wt_batch *b, size_t cap) {
+    b->n = 0;
+    b->keys = NULL;
+    b->l1keys = NULL;
+    if (!o->e->l2ctl || !cap) return;
+    b->keys = malloc(cap * sizeof(*b->keys));
+    b->l1keys = malloc(cap * sizeof(*b->l1keys));
+    if (!b->keys || !b->l1keys) { /* write-through is best effort; the store itself succeeds */
+        free(b->keys);
+        free(b->l1keys);
+        b->keys = NULL;
+        b->l1keys = NULL;
+    }
+}
+
+static void wt_flush(struct op_ctx *o, struct wt_batch *b) {
+    if (b->n) l2ctl_store(o->e->l2ctl, b->keys, b->l1keys, b->n);
+    free(b->keys);
+    free(b->l1keys);
 }
 
 static int parse_model(struct op_ctx *o, char *model, size_t cap) {
@@ -276,7 +313,7 @@ static void observe_throughput(struct engine *e, int store, const char *model, u
     if (bytes == 0 || dt <= 0) return;
     const char *labels[] = {model};
     metric_observe(metric_labels(store ? e->dpm.store_gbps : e->dpm.load_gbps, labels),
-                   (double)bytes / dt / 1e9);
+                   (double)bytes / dt);
 }
 
 static int op_store(struct op_ctx *o) {
@@ -291,11 +328,14 @@ static int op_store(struct op_ctx *o) {
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t size = kv_object_bytes(&c->layout, cs), t0 = clock_mono_ns(), bytes = 0;
     int64_t stored = 0, skipped = 0;
+    struct wt_batch wt;
+    wt_init(o, &wt, cr.end_chunk - cr.start_chunk);
     rc = 0;
     for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
         struct l1_key key;
         struct l1_ref ref;
-        if (make_key(o, &cr, ch, c->model_name, c->world_size, c->worker_id, &key) < 0) {
+        if (make_key2(o, &cr, ch, c->model_name, c->world_size, c->worker_id, &key,
+                      wt.keys ? &wt.keys[wt.n] : NULL) < 0) {
             rc = -1;
             break;
         }
@@ -314,8 +354,10 @@ static int op_store(struct op_ctx *o) {
         if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
             stored++;
             bytes += size;
+            if (wt.keys) wt.l1keys[wt.n++] = key;
         }
     }
+    wt_flush(o, &wt);
     dp_put_int(o->r, "stored_chunks", stored);
     dp_put_int(o->r, "skipped_chunks", skipped);
     observe_throughput(o->e, 1, c->model_name, bytes, t0);
@@ -438,10 +480,13 @@ static int op_store_bytes(struct op_ctx *o) {
         }
     uint64_t t0 = clock_mono_ns(), bytes = 0;
     int64_t stored = 0, skipped = 0;
+    struct wt_batch wt;
+    wt_init(o, &wt, n);
     for (uint32_t i = 0; i < n; i++) {
         struct l1_key key;
         struct l1_ref ref;
-        if (make_key(o, &cr, cr.start_chunk + i, model, ws, rank, &key) < 0) {
+        if (make_key2(o, &cr, cr.start_chunk + i, model, ws, rank, &key,
+                      wt.keys ? &wt.keys[wt.n] : NULL) < 0) {
             rc = -1;
             break;
         }
@@ -461,8 +506,10 @@ static int op_store_bytes(struct op_ctx *o) {
         if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
             stored++;
             bytes += size;
+            if (wt.keys) wt.l1keys[wt.n++] = key;
         }
     }
+    wt_flush(o, &wt);
     dp_put_int(o->r, "stored_chunks", stored);
     dp_put_int(o->r, "skipped_chunks", skipped);
     observe_throughput(o->e, 1, model, bytes, t0);
@@ -522,11 +569,6 @@ static int op_retrieve_bytes(struct op_ctx *o) {
 
 /* ---- lookup sessions ---- */
 
-static void release_locks(const struct l1_key *key, uint32_t locks, void *arg) {
-    struct engine *e = arg;
-    l1_finish_read(e->l1, key, locks, clock_mono_ns());
-}
-
 /* Releases what a session still holds and frees it. touch: end_session marks its objects as
  * recently used. */
 void dataplane_session_release(struct engine *e, struct session *s, int touch) {
@@ -537,6 +579,86 @@ void dataplane_session_release(struct engine *e, struct session *s, int touch) {
         if (s->objs[i].locks) l1_finish_read(e->l1, &s->objs[i].key, s->objs[i].locks, now);
     }
     session_free(s);
+}
+
+static void release_locks(const struct l1_key *key, uint32_t locks, void *arg) {
+    struct engine *e = arg;
+    l1_finish_read(e->l1, key, locks, clock_mono_ns());
+}
+
+/* An L2 prefetch issued by a lookup: the keys of the missing chunks and where the result goes. */
+struct prefetch_ticket {
+    struct engine *e;
+    char rid[SESSION_ID_MAX + 1];
+    uint64_t gen;
+    uint32_t readers;
+    size_t n;
+    struct keys_object_key *keys;
+    struct l1_key *l1keys;
+    char model[KEYS_MODEL_NAME_MAX + 1];
+    char salt[KEYS_SALT_MAX + 1];
+};
+
+static void ticket_free(struct prefetch_ticket *tk) {
+    if (!tk) return;
+    free(tk->keys);
+    free(tk->l1keys);
+    free(tk);
+}
+
+static struct prefetch_ticket *prefetch_ticket_new(struct op_ctx *o, const struct chunk_range *cr,
+                                                   uint32_t first, uint32_t nch, const char *model,
+                                                   uint32_t ws, uint32_t readers,
+                                                   const struct session *s) {
+    struct prefetch_ticket *tk = calloc(1, sizeof(*tk));
+    size_t n = (size_t)(nch - first) * ws;
+    if (!tk || !(tk->keys = malloc(n * sizeof(*tk->keys))) ||
+        !(tk->l1keys = malloc(n * sizeof(*tk->l1keys)))) {
+        ticket_free(tk);
+        return NULL;
+    }
+    tk->e = o->e;
+    snprintf(tk->rid, sizeof(tk->rid), "%s", s->id);
+    snprintf(tk->model, sizeof(tk->model), "%s", model);
+    snprintf(tk->salt, sizeof(tk->salt), "%s", cr->salt);
+    tk->gen = s->gen;
+    tk->readers = readers;
+    for (uint32_t ch = first; ch < nch; ch++)
+        for (uint32_t r = 0; r < ws; r++) {
+            if (make_key2(o, cr, cr->start_chunk + ch, model, ws, r, &tk->l1keys[tk->n],
+                          &tk->keys[tk->n]) < 0) {
+                ticket_free(tk);
+                return NULL;
+            }
+            tk->n++;
+        }
+    return tk;
+}
+
+/* Runs on the l2-controller thread when the prefetch ends. */
+static void prefetch_done(void *arg, const struct l2ctl_prefetch_result *r) {
+    struct prefetch_ticket *tk = arg;
+    struct engine *e = tk->e;
+    session_prefetch_done(&e->sessions, tk->rid, tk->gen, tk->l1keys, r->ready, r->total,
+                          tk->readers, release_locks, e);
+    const char *labels[] = {tk->model, tk->salt};
+    /* Keys loaded from L2, in tokens (one key per rank and chunk). */
+    double tokens = (double)r->found * (double)e->cfg->chunk_size;
+    metrics_add(e->dpm.lookup_hit_l2, labels, tokens);
+    metrics_add(e->dpm.lookup_hit, labels, tokens);
+    ticket_free(tk);
+}
+
+static int prefetch_ticket_submit(struct engine *e, struct prefetch_ticket *tk) {
+    uint64_t id;
+    int rc = l2ctl_prefetch_submit(e->l2ctl, tk->keys, tk->l1keys, tk->n, L2CTL_TRIM_PREFIX,
+                                   tk->readers, strcmp(e->cfg->l2_prefetch_policy, "retain") != 0,
+                                   prefetch_done, tk, &id);
+    if (rc != L2_OK) {
+        ticket_free(tk);
+        return -1;
+    }
+    return 0;
 }
 
 static int op_lookup(struct op_ctx *o) {
@@ -592,16 +714,26 @@ static int op_lookup(struct op_ctx *o) {
     metrics_add(o->e->dpm.lookups, labels, 1);
     metrics_add(o->e->dpm.lookup_requested, labels, (double)(nch * cs));
     metrics_add(o->e->dpm.lookup_hit, labels, (double)(c * cs));
-    range_free(&cr);
     if (rc < 0) {
+        range_free(&cr);
         dataplane_session_release(o->e, s, 0);
         return -1;
     }
-    /* L1 answers at once; an L2 prefetch of chunks c.. would leave the job pending here. */
-    s->job_ready = 1;
+    s->gen = atomic_fetch_add(&o->e->session_gen, 1) + 1;
     s->hit_chunks = c;
+    /* Chunks c.. missing from L1 are prefetched from L2; the job turns ready when that ends. */
+    struct prefetch_ticket *tk = NULL;
+    if (c < nch && o->e->l2ctl)
+        tk = prefetch_ticket_new(o, &cr, c, nch, model, (uint32_t)ws, (uint32_t)readers, s);
+    s->job_ready = tk == NULL;
     struct session *old = session_put(&o->e->sessions, s);
     if (old) dataplane_session_release(o->e, old, 0);
+    if (tk) {
+        uint64_t gen = tk->gen;
+        if (prefetch_ticket_submit(o->e, tk) < 0) /* L2 is shutting down: answer with L1 hits */
+            session_prefetch_done(&o->e->sessions, rid, gen, NULL, NULL, 0, 0, release_locks, o->e);
+    }
+    range_free(&cr);
     return 0;
 }
 
