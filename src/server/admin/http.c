@@ -19,8 +19,8 @@
 #include "base/strbuf.h"
 #include "server/engine.h"
 
-static const struct http_route *const GROUPS[] = {INFO_ROUTES, OBS_ROUTES, DIAG_ROUTES,
-                                                  CACHE_ROUTES, QUOTA_ROUTES};
+static const struct http_route *const GROUPS[] = {INFO_ROUTES,  OBS_ROUTES,   DIAG_ROUTES,
+                                                  CACHE_ROUTES, QUOTA_ROUTES, L2_ROUTES};
 
 struct admin {
     struct MHD_Daemon *d;

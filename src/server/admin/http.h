@@ -50,6 +50,7 @@ extern const struct http_route OBS_ROUTES[];
 extern const struct http_route DIAG_ROUTES[];
 extern const struct http_route CACHE_ROUTES[];
 extern const struct http_route QUOTA_ROUTES[];
+extern const struct http_route L2_ROUTES[];
 
 /* Query parameter (decoded) or NULL. */
 const char *http_query(const struct http_req *req, const char *name);
