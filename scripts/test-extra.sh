@@ -21,9 +21,11 @@ for f in build-fuzz/fuzz_*; do
     name=$(basename "$f")
     corpus=build-fuzz/corpus/$name
     mkdir -p "$corpus"
+    seeds=""
+    [ -d "tests/fuzz/corpus/$name" ] && seeds="$(pwd)/tests/fuzz/corpus/$name"
     echo "--- $name (libFuzzer, ${secs}s)"
     if ! (cd build-fuzz && timeout $((secs * 3 + 60)) "./$name" -max_total_time="$secs" \
-            -max_len=8192 -rss_limit_mb=4096 -print_final_stats=0 "corpus/$name" \
+            -max_len=8192 -rss_limit_mb=4096 -print_final_stats=0 "corpus/$name" $seeds \
             >"$name.log" 2>&1); then
         tail -40 "build-fuzz/$name.log"
         rc=1
