@@ -19,8 +19,9 @@
 #include "base/strbuf.h"
 #include "server/engine.h"
 
-static const struct http_route *const GROUPS[] = {INFO_ROUTES,  OBS_ROUTES,   DIAG_ROUTES,
-                                                  CACHE_ROUTES, QUOTA_ROUTES, L2_ROUTES};
+static const struct http_route *const GROUPS[] = {INFO_ROUTES,       OBS_ROUTES,   DIAG_ROUTES,
+                                                  CACHE_ROUTES,      QUOTA_ROUTES, L2_ROUTES,
+                                                  RECONFIGURE_ROUTES};
 
 struct admin {
     struct MHD_Daemon *d;

@@ -51,6 +51,7 @@ extern const struct http_route DIAG_ROUTES[];
 extern const struct http_route CACHE_ROUTES[];
 extern const struct http_route QUOTA_ROUTES[];
 extern const struct http_route L2_ROUTES[];
+extern const struct http_route RECONFIGURE_ROUTES[];
 
 /* Query parameter (decoded) or NULL. */
 const char *http_query(const struct http_req *req, const char *name);

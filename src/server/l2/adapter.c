@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "server/l2/dax.h"
 #include "server/l2/fs.h"
 #include "server/l2/s3.h"
 
@@ -21,7 +22,10 @@ static const struct {
     const char *type;
     l2_adapter_factory create;
 } factories[] = {
-    {"fs", fs_adapter_create}, {"s3", s3_adapter_create}, {NULL, NULL}, /* sentinel */
+    {"fs", fs_adapter_create},
+    {"s3", s3_adapter_create},
+    {"dax", dax_adapter_create},
+    {NULL, NULL}, /* sentinel */
 };
 
 const char *l2_strerror(int rc) {
