@@ -15,6 +15,7 @@ static const struct {
      "round trips through a running server: correctness check or store/retrieve GB/s"},
     {"s3", bench_s3_main,
      "S3 L2 adapter PUT/GET MB/s against an S3 endpoint (scripts/bench-s3.sh)"},
+    {"dax", bench_dax_main, "L2 dax adapter store and load GB/s against memcpy"},
 };
 #define NBENCH (sizeof(BENCHES) / sizeof(BENCHES[0]))
 

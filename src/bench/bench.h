@@ -13,5 +13,7 @@ int bench_l2_main(int argc, char **argv);
 int bench_server_main(int argc, char **argv);
 /* `lmcache bench s3`: PUT/GET throughput of the S3 L2 adapter. */
 int bench_s3_main(int argc, char **argv);
+/* `lmcache bench dax`: store and load GB/s of the Device-DAX L2 adapter against memcpy. */
+int bench_dax_main(int argc, char **argv);
 
 #endif
