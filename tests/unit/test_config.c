@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "server/admin/http.h"
@@ -88,11 +89,42 @@ static void test_route_matching(void **state) {
     assert_non_null(http_match("HEAD", "/", params, &np, &pm, allow, sizeof(allow)));
 }
 
+static void body_case(const char *body, int allow_empty, int want_ok, int want_status) {
+    struct http_req req = {0};
+    req.body = body;
+    req.body_len = strlen(body);
+    struct http_resp resp = {0};
+    json_t *o = http_body_object(&req, &resp, 422, allow_empty);
+    if (want_ok) {
+        assert_non_null(o);
+        assert_true(json_is_object(o));
+        assert_null(resp.body);
+    } else {
+        assert_null(o);
+        assert_int_equal(resp.status, want_status);
+        assert_non_null(strstr(resp.body, "\"detail\""));
+    }
+    json_decref(o);
+    free(resp.body);
+}
+
+static void test_json_body_helper(void **state) {
+    (void)state;
+    body_case("{\"a\": 1}", 0, 1, 0);
+    body_case("  \n", 1, 1, 0);                   /* empty body allowed: {} */
+    body_case("", 0, 0, 422);                     /* empty body required */
+    body_case("{bad", 0, 0, 422);                 /* malformed */
+    body_case("[1, 2]", 0, 0, 422);               /* not an object */
+    body_case("{\"a\": 1, \"a\": 2}", 0, 0, 422); /* duplicate keys */
+    body_case("\"str\"", 1, 0, 422);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_values),
         cmocka_unit_test(test_errors_name_the_option),
         cmocka_unit_test(test_route_matching),
+        cmocka_unit_test(test_json_body_helper),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
