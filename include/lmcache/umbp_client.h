@@ -89,11 +89,12 @@ void umbp_hit_counts_free(struct umbp_hit_count *h, size_t n);
 
 /* Load helper: sends nq MatchExternalKv queries (query i = qhashes[i][0..qlen[i])) with at
  * most depth in flight on this client's channel; lat_ns[i] (may be NULL) receives each
- * call's latency and *nmatched the total of matched node entries. Replies are decoded. */
+ * call's latency, *nmatched the total of matched node entries and *reply_bytes the total
+ * size of the replies (both may be NULL). Replies are decoded. */
 int umbp_match_external_kv_pipelined(struct umbp_client *c, const char *const *const *qhashes,
                                      const size_t *qlen, size_t nq, bool count_as_hit,
                                      unsigned depth, uint64_t *lat_ns, uint64_t *nmatched,
-                                     char *err, size_t errlen);
+                                     uint64_t *reply_bytes, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -37,12 +37,16 @@ struct umbp_client *umbp_client_new(const char *master_address, const char *node
     if (!c) return NULL;
     c->node_id = strdup(node_id ? node_id : "");
     c->node_address = strdup(node_address ? node_address : "");
-    grpc_arg args[2];
-    args[0].type = args[1].type = GRPC_ARG_INTEGER;
+    /* A connection of its own: clients used from different threads do not serialise on
+     * one HTTP/2 connection. */
+    grpc_arg args[3];
+    args[0].type = args[1].type = args[2].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[0].value.integer = args[1].value.integer = 64 << 20;
-    grpc_channel_args ca = {2, args};
+    args[2].key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
+    args[2].value.integer = 1;
+    grpc_channel_args ca = {3, args};
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->ch = creds ? grpc_channel_create(master_address, creds, &ca) : NULL;
     if (creds) grpc_channel_credentials_release(creds);
@@ -140,15 +144,20 @@ static void ucall_cleanup(struct ucall *u) {
     memset(u, 0, sizeof(*u));
 }
 
+/* 0 on OK, else the status with its message in err. */
+static int ucall_status(struct ucall *u, const char *rpc, char *err, size_t errlen) {
+    if (u->status == GRPC_STATUS_OK) return 0;
+    char *msg = grpc_slice_to_c_string(u->details);
+    set_err(err, errlen, rpc, msg ? msg : "?");
+    gpr_free(msg);
+    return (int)u->status;
+}
+
 /* Status handling after completion; on OK decodes the reply with desc into *out. */
 static int ucall_finish(struct ucall *u, const char *rpc, const ProtobufCMessageDescriptor *desc,
                         ProtobufCMessage **out, char *err, size_t errlen) {
-    if (u->status != GRPC_STATUS_OK) {
-        char *msg = grpc_slice_to_c_string(u->details);
-        set_err(err, errlen, rpc, msg ? msg : "?");
-        gpr_free(msg);
-        return (int)u->status;
-    }
+    int st = ucall_status(u, rpc, err, errlen);
+    if (st) return st;
     grpc_slice s = grpc_empty_slice();
     if (u->resp) {
         grpc_byte_buffer_reader rd;
@@ -292,21 +301,10 @@ int umbp_revoke_all_external_kv_blocks_for_node(struct umbp_client *c, const cha
 }
 
 void umbp_match_result_free(struct umbp_match_result *r) {
-    for (size_t i = 0; r && i < r->n; i++) {
-        struct umbp_node_match *m = &r->nodes[i];
-        for (size_t t = 0; t < m->ntiers; t++) {
-            for (size_t k = 0; k < m->tiers[t].n; k++) free(m->tiers[t].hashes[k]);
-            free(m->tiers[t].hashes);
-        }
-        free(m->tiers);
-        free(m->node_id);
-        free(m->peer_address);
-    }
-    if (r) {
-        free(r->nodes);
-        r->nodes = NULL;
-        r->n = 0;
-    }
+    if (!r) return;
+    free(r->nodes); /* one block: nodes, buckets, hash pointers, strings */
+    r->nodes = NULL;
+    r->n = 0;
 }
 
 size_t umbp_node_match_count(const struct umbp_node_match *m) {
@@ -322,34 +320,193 @@ size_t umbp_node_match_count(const struct umbp_node_match *m) {
     return n;
 }
 
+/* ---- MatchExternalKvResponse decoding: the replies are large (every matched hash once per
+ * node and tier), so they are read straight off the wire into one allocation instead of
+ * a protobuf-c tree plus copies. ---- */
+
+struct wfield {
+    uint32_t num;
+    unsigned wt;
+    uint64_t v;         /* varint value (wire type 0) or length (2) */
+    const uint8_t *ptr; /* wire type 2: the bytes */
+};
+
+static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    uint64_t x = 0;
+    for (unsigned i = 0; i < 10; i++) {
+        if (*p >= end) return -1;
+        uint8_t b = *(*p)++;
+        x |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* 1: a field in *f; 0: end of the message; -1: malformed. */
+static int next_field(const uint8_t **p, const uint8_t *end, struct wfield *f) {
+    if (*p >= end) return 0;
+    uint64_t tag;
+    if (get_varint(p, end, &tag) || tag > UINT32_MAX || !(tag >> 3)) return -1;
+    f->num = (uint32_t)(tag >> 3);
+    f->wt = (unsigned)(tag & 7);
+    switch (f->wt) {
+    case 0:
+        return get_varint(p, end, &f->v) ? -1 : 1;
+    case 1:
+    case 5: {
+        size_t w = f->wt == 1 ? 8 : 4;
+        if ((size_t)(end - *p) < w) return -1;
+        *p += w;
+        return 1;
+    }
+    case 2:
+        if (get_varint(p, end, &f->v) || f->v > (uint64_t)(end - *p)) return -1;
+        f->ptr = *p;
+        *p += f->v;
+        return 1;
+    default:
+        return -1;
+    }
+}
+
+struct mdec {
+    size_t nodes, tiers, hashes, bytes; /* counts (first pass) */
+    struct umbp_node_match *nd;         /* fill cursors (second pass) */
+    struct umbp_tier_hashes *th;
+    char **hp;
+    char *sp;
+};
+
+static char *mdec_str(struct mdec *d, const struct wfield *f) {
+    char *s = d->sp;
+    memcpy(s, f->ptr, f->v);
+    s[f->v] = 0;
+    d->sp += f->v + 1;
+    return s;
+}
+
+/* One pass over the reply: counts when fill is false, writes through d's cursors when it
+ * is true (the counts of the first pass sized them). */
+static int mdec_pass(const uint8_t *buf, size_t len, struct mdec *d, bool fill) {
+    const uint8_t *p = buf, *end = buf + len;
+    struct wfield f;
+    int r;
+    while ((r = next_field(&p, end, &f)) > 0) {
+        if (f.num != 1) continue;
+        if (f.wt != 2) return -1;
+        struct umbp_node_match *nm = fill ? d->nd++ : NULL;
+        if (nm) {
+            nm->node_id = nm->peer_address = d->sp; /* "" until set */
+            *d->sp++ = 0;
+            nm->tiers = d->th;
+        } else {
+            d->nodes++;
+            d->bytes++;
+        }
+        const uint8_t *q = f.ptr, *qend = f.ptr + f.v;
+        struct wfield g;
+        int r2;
+        while ((r2 = next_field(&q, qend, &g)) > 0) {
+            if (g.num == 1 || g.num == 2) {
+                if (g.wt != 2) return -1;
+                if (!nm)
+                    d->bytes += g.v + 1;
+                else if (g.num == 1)
+                    nm->node_id = mdec_str(d, &g);
+                else
+                    nm->peer_address = mdec_str(d, &g);
+            } else if (g.num == 3) {
+                if (g.wt != 2) return -1;
+                struct umbp_tier_hashes *th = nm ? d->th++ : NULL;
+                if (th) {
+                    th->tier = UMBP_TIER_UNKNOWN;
+                    th->n = 0;
+                    th->hashes = d->hp;
+                    nm->ntiers++;
+                } else {
+                    d->tiers++;
+                }
+                const uint8_t *t = g.ptr, *tend = g.ptr + g.v;
+                struct wfield h;
+                int r3;
+                while ((r3 = next_field(&t, tend, &h)) > 0) {
+                    if (h.num == 1) {
+                        if (h.wt != 0) return -1;
+                        if (th) th->tier = (enum umbp_tier)(int32_t)h.v;
+                    } else if (h.num == 2) {
+                        if (h.wt != 2) return -1;
+                        if (th) {
+                            *d->hp++ = mdec_str(d, &h);
+                            th->n++;
+                        } else {
+                            d->hashes++;
+                            d->bytes += h.v + 1;
+                        }
+                    }
+                }
+                if (r3 < 0) return -1;
+            }
+        }
+        if (r2 < 0) return -1;
+    }
+    return r;
+}
+
 static int cmp_tier(const void *a, const void *b) {
     return (int)((const struct umbp_tier_hashes *)a)->tier -
            (int)((const struct umbp_tier_hashes *)b)->tier;
 }
 
-static int convert_match(const Umbp__MatchExternalKvResponse *r, struct umbp_match_result *out) {
-    out->n = 0;
-    out->nodes = calloc(r->n_matches + 1, sizeof(*out->nodes));
-    if (!out->nodes) return -1;
-    for (size_t i = 0; i < r->n_matches; i++) {
-        const Umbp__ExternalKvNodeMatch *m = r->matches[i];
-        struct umbp_node_match *d = &out->nodes[out->n++];
-        d->node_id = strdup(m->node_id);
-        d->peer_address = strdup(m->peer_address);
-        d->tiers = calloc(m->n_hashes_by_tier + 1, sizeof(*d->tiers));
-        if (!d->node_id || !d->peer_address || !d->tiers) return -1;
-        for (size_t t = 0; t < m->n_hashes_by_tier; t++) {
-            const Umbp__TierHashes *th = m->hashes_by_tier[t];
-            struct umbp_tier_hashes *dt = &d->tiers[d->ntiers++];
-            dt->tier = (enum umbp_tier)th->tier;
-            dt->hashes = calloc(th->n_hashes + 1, sizeof(char *));
-            if (!dt->hashes) return -1;
-            for (size_t k = 0; k < th->n_hashes; k++, dt->n++)
-                if (!(dt->hashes[k] = strdup(th->hashes[k]))) return -1;
-        }
-        qsort(d->tiers, d->ntiers, sizeof(*d->tiers), cmp_tier);
+/* 0, -1 malformed, -2 no memory. */
+static int decode_match(const uint8_t *buf, size_t len, struct umbp_match_result *out) {
+    memset(out, 0, sizeof(*out));
+    struct mdec d = {0};
+    if (mdec_pass(buf, len, &d, false)) return -1;
+    if (!d.nodes) return 0;
+    size_t sz = d.nodes * sizeof(struct umbp_node_match) +
+                d.tiers * sizeof(struct umbp_tier_hashes) + d.hashes * sizeof(char *) + d.bytes;
+    char *blk = malloc(sz);
+    if (!blk) return -2;
+    d.nd = (struct umbp_node_match *)blk;
+    d.th = (struct umbp_tier_hashes *)(d.nd + d.nodes);
+    d.hp = (char **)(d.th + d.tiers);
+    d.sp = (char *)(d.hp + d.hashes);
+    memset(blk, 0, d.nodes * sizeof(struct umbp_node_match));
+    if (mdec_pass(buf, len, &d, true)) {
+        free(blk);
+        return -1;
     }
+    out->nodes = (struct umbp_node_match *)blk;
+    out->n = d.nodes;
+    for (size_t i = 0; i < out->n; i++)
+        if (out->nodes[i].ntiers > 1)
+            qsort(out->nodes[i].tiers, out->nodes[i].ntiers, sizeof(struct umbp_tier_hashes),
+                  cmp_tier);
     return 0;
+}
+
+/* Reads a reply byte buffer and decodes it as a MatchExternalKvResponse. */
+static int read_match(grpc_byte_buffer *bb, struct umbp_match_result *out, char *err,
+                      size_t errlen) {
+    grpc_slice s = grpc_empty_slice();
+    if (bb) {
+        grpc_byte_buffer_reader rd;
+        if (!grpc_byte_buffer_reader_init(&rd, bb)) {
+            set_err(err, errlen, "MatchExternalKv", "unreadable reply");
+            return -1;
+        }
+        s = grpc_byte_buffer_reader_readall(&rd);
+        grpc_byte_buffer_reader_destroy(&rd);
+    }
+    int rc = decode_match(GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), out);
+    grpc_slice_unref(s);
+    if (rc)
+        set_err(err, errlen, "MatchExternalKv",
+                rc == -2 ? "out of memory" : "reply could not be decoded");
+    return rc ? -1 : 0;
 }
 
 int umbp_match_external_kv(struct umbp_client *c, const char *const *hashes, size_t n,
@@ -361,16 +518,23 @@ int umbp_match_external_kv(struct umbp_client *c, const char *const *hashes, siz
     q.n_hashes = n;
     q.hashes = (char **)hashes;
     q.count_as_hit = count_as_hit;
-    ProtobufCMessage *resp = NULL;
-    int rc = unary(c, "MatchExternalKv", &q.base, &umbp__match_external_kv_response__descriptor,
-                   &resp, err, errlen);
-    if (rc) return rc;
-    if (convert_match((const Umbp__MatchExternalKvResponse *)resp, out)) {
-        umbp_match_result_free(out);
-        set_err(err, errlen, "MatchExternalKv", "out of memory");
+    struct ucall u;
+    int rc;
+    if (ucall_start(c, c->cq, &u, "MatchExternalKv", &q.base, &u)) {
+        set_err(err, errlen, "MatchExternalKv", "cannot start the call");
         rc = -1;
+    } else {
+        grpc_event ev =
+            grpc_completion_queue_pluck(c->cq, &u, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
+            set_err(err, errlen, "MatchExternalKv", "call failed");
+            rc = -1;
+        } else {
+            rc = ucall_status(&u, "MatchExternalKv", err, errlen);
+            if (!rc) rc = read_match(u.resp, out, err, errlen);
+        }
     }
-    protobuf_c_message_free_unpacked(resp, NULL);
+    ucall_cleanup(&u);
     return rc;
 }
 
@@ -412,8 +576,9 @@ int umbp_get_external_kv_hit_counts(struct umbp_client *c, const char *const *ha
 int umbp_match_external_kv_pipelined(struct umbp_client *c, const char *const *const *qhashes,
                                      const size_t *qlen, size_t nq, bool count_as_hit,
                                      unsigned depth, uint64_t *lat_ns, uint64_t *nmatched,
-                                     char *err, size_t errlen) {
+                                     uint64_t *reply_bytes, char *err, size_t errlen) {
     if (!depth) depth = 1;
+    uint64_t bytes = 0;
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     struct ucall *calls = calloc(depth, sizeof(*calls));
     size_t *qidx = calloc(depth, sizeof(*qidx));
@@ -435,15 +600,12 @@ int umbp_match_external_kv_pipelined(struct umbp_client *c, const char *const *c
         size_t s = (size_t)(u - calls);
         inflight--;
         if (lat_ns) lat_ns[qidx[s]] = now_ns() - u->t0;
-        ProtobufCMessage *resp = NULL;
-        int r = ev.success ? ucall_finish(u, "MatchExternalKv",
-                                          &umbp__match_external_kv_response__descriptor, &resp, err,
-                                          errlen)
-                           : -1;
-        if (resp) {
-            matched += ((Umbp__MatchExternalKvResponse *)resp)->n_matches;
-            protobuf_c_message_free_unpacked(resp, NULL);
-        }
+        if (u->resp) bytes += grpc_byte_buffer_length(u->resp);
+        struct umbp_match_result res = {0};
+        int r = ev.success ? ucall_status(u, "MatchExternalKv", err, errlen) : -1;
+        if (!r) r = read_match(u->resp, &res, err, errlen);
+        matched += res.n;
+        umbp_match_result_free(&res);
         ucall_cleanup(u);
         if (r && !rc) rc = r;
         if (!rc && next < nq) {
@@ -466,6 +628,7 @@ int umbp_match_external_kv_pipelined(struct umbp_client *c, const char *const *c
     free(calls);
     free(qidx);
     if (nmatched) *nmatched = matched;
+    if (reply_bytes) *reply_bytes = bytes;
     if (rc == -1 && err && !*err) set_err(err, errlen, "MatchExternalKv", "local failure");
     return rc;
 }

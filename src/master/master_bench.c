@@ -1,9 +1,16 @@
 /* `lmcache bench master` (also `lmcache master bench`): starts a master on a free loopback
  * port (or uses --master), indexes N (hash, node, tier) entries over 16 nodes through the C
- * client, then measures MatchExternalKv of 256-hash queries at concurrency 1 and 32,
- * report and revoke throughput, and the master's resident memory per million entries. */
+ * client, then measures MatchExternalKv of 256-hash queries at concurrency 1 and 32 with
+ * every hash indexed and with half of them indexed, report and revoke throughput, the
+ * master's resident memory per million entries, and as the ceiling a bare gRPC server
+ * answering the same request and reply sizes. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,14 +24,21 @@
 #include "lmcache/umbp_client.h"
 #include "master/master.h"
 
-#define NODES    16
-#define REPLICAS 4
-#define BATCH    1024
+#define NODES       16
+#define REPLICAS    4
+#define BATCH       1024
+#define MAX_THREADS 8
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t bench_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static int free_port(void) {
@@ -56,8 +70,310 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static void run_match(struct umbp_client *c, char **universe, size_t nh, unsigned depth,
-                      size_t calls) {
+/* ---- the transport ceiling: a bare gRPC C-core server answering every call with a fixed
+ * blob, driven by the same kind of pipelined client, in the same run ---- */
+
+#define ECHO_PATH  "/bench.Echo/Echo"
+#define ECHO_SLOTS 64
+
+struct echo_call {
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array md;
+    grpc_byte_buffer *payload, *resp;
+    int cancelled, sent;
+};
+
+struct echo_srv {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    void *rm;
+    const char *blob;
+    size_t blob_len;
+};
+
+static int echo_arm(struct echo_srv *e) {
+    struct echo_call *c = calloc(1, sizeof(*c));
+    if (!c) return -1;
+    grpc_metadata_array_init(&c->md);
+    if (grpc_server_request_registered_call(e->server, e->rm, &c->call, &c->deadline, &c->md,
+                                            &c->payload, e->cq, e->cq, c) != GRPC_CALL_OK) {
+        grpc_metadata_array_destroy(&c->md);
+        free(c);
+        return -1;
+    }
+    return 0;
+}
+
+static void echo_free(struct echo_call *c) {
+    if (c->call) grpc_call_unref(c->call);
+    if (c->payload) grpc_byte_buffer_destroy(c->payload);
+    if (c->resp) grpc_byte_buffer_destroy(c->resp);
+    grpc_metadata_array_destroy(&c->md);
+    free(c);
+}
+
+static void *echo_worker(void *arg) {
+    struct echo_srv *e = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(e->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        struct echo_call *c = ev.tag;
+        if (c->sent || !ev.success) {
+            echo_free(c);
+            continue;
+        }
+        if (echo_arm(e)) fprintf(stderr, "echo: cannot re-arm\n");
+        /* Read the request the way a real handler must (one contiguous slice). */
+        grpc_byte_buffer_reader rd;
+        if (c->payload && grpc_byte_buffer_reader_init(&rd, c->payload)) {
+            grpc_slice in = grpc_byte_buffer_reader_readall(&rd);
+            grpc_byte_buffer_reader_destroy(&rd);
+            grpc_slice_unref(in);
+        }
+        uint8_t *buf = malloc(e->blob_len ? e->blob_len : 1);
+        if (!buf) {
+            echo_free(c);
+            continue;
+        }
+        memcpy(buf, e->blob, e->blob_len); /* a real reply is built per call */
+        grpc_slice s = grpc_slice_new(buf, e->blob_len, free);
+        c->resp = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
+        grpc_op ops[4];
+        memset(ops, 0, sizeof(ops));
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[1].op = GRPC_OP_SEND_MESSAGE;
+        ops[1].data.send_message.send_message = c->resp;
+        ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
+        ops[3].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[3].data.recv_close_on_server.cancelled = &c->cancelled;
+        c->sent = 1;
+        if (grpc_call_start_batch(c->call, ops, 4, c, NULL) != GRPC_CALL_OK) echo_free(c);
+    }
+    return NULL;
+}
+
+/* `lmcache master bench --serve-echo ADDR REPLY_BYTES`: runs until SIGTERM. */
+static int echo_serve(const char *addr, size_t reply_bytes) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    grpc_init();
+    struct echo_srv e = {0};
+    char *blob = malloc(reply_bytes ? reply_bytes : 1);
+    if (!blob) return 1;
+    memset(blob, 'x', reply_bytes);
+    e.blob = blob;
+    e.blob_len = reply_bytes;
+    grpc_arg args[2];
+    args[0].type = args[1].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[0].value.integer = args[1].value.integer = 64 << 20;
+    grpc_channel_args ca = {2, args};
+    e.server = grpc_server_create(&ca, NULL);
+    e.cq = grpc_completion_queue_create_for_next(NULL);
+    e.rm = grpc_server_register_method(e.server, ECHO_PATH, NULL,
+                                       GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+    grpc_server_register_completion_queue(e.server, e.cq, NULL);
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    int port = grpc_server_add_http2_port(e.server, addr, creds);
+    grpc_server_credentials_release(creds);
+    if (port <= 0) {
+        fprintf(stderr, "echo: cannot listen on %s\n", addr);
+        return 1;
+    }
+    grpc_server_start(e.server);
+    for (int i = 0; i < ECHO_SLOTS; i++)
+        if (echo_arm(&e)) return 1;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = ncpu < 2 ? 2 : (int)ncpu;
+    pthread_t th[64];
+    int started = 0;
+    for (int i = 0; i < nt && i < 64; i++)
+        if (pthread_create(&th[i], NULL, echo_worker, &e) == 0) started++;
+    int sig;
+    sigwait(&set, &sig);
+    _exit(started ? 0 : 1); /* a load helper: the process ends with the run */
+}
+
+/* Pipelined raw calls of req to path on a channel of its own; lat_ns[i] per call. */
+static int raw_pipelined(const char *addr, const char *path, const uint8_t *req, size_t req_len,
+                         size_t calls, unsigned depth, uint64_t *lat_ns, uint64_t *reply_bytes) {
+    grpc_init();
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_arg args[2];
+    args[0].type = args[1].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = 64 << 20;
+    args[1].key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL; /* a connection per thread */
+    args[1].value.integer = 1;
+    grpc_channel_args ca = {2, args};
+    grpc_channel *ch = creds ? grpc_channel_create(addr, creds, &ca) : NULL;
+    if (creds) grpc_channel_credentials_release(creds);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    struct rcall {
+        grpc_call *call;
+        grpc_byte_buffer *req, *resp;
+        grpc_metadata_array md0, md1;
+        grpc_status_code st;
+        grpc_slice details;
+        uint64_t t0;
+        size_t qi;
+    } *rc = calloc(depth, sizeof(*rc));
+    if (!ch || !cq || !rc) {
+        free(rc);
+        if (cq) grpc_completion_queue_destroy(cq);
+        if (ch) grpc_channel_destroy(ch);
+        grpc_shutdown();
+        return -1;
+    }
+    grpc_slice method = grpc_slice_from_static_string(path);
+    size_t next = 0, inflight = 0;
+    int bad = 0;
+    uint64_t bytes = 0;
+    for (;;) {
+        while (!bad && inflight < depth && next < calls) {
+            struct rcall *u = NULL;
+            for (unsigned k = 0; k < depth && !u; k++)
+                if (!rc[k].call) u = &rc[k];
+            grpc_slice s = grpc_slice_from_static_buffer(req, req_len);
+            u->req = grpc_raw_byte_buffer_create(&s, 1);
+            grpc_metadata_array_init(&u->md0);
+            grpc_metadata_array_init(&u->md1);
+            u->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+                                               gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+            grpc_op o[6];
+            memset(o, 0, sizeof(o));
+            o[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+            o[1].op = GRPC_OP_SEND_MESSAGE;
+            o[1].data.send_message.send_message = u->req;
+            o[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+            o[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+            o[3].data.recv_initial_metadata.recv_initial_metadata = &u->md0;
+            o[4].op = GRPC_OP_RECV_MESSAGE;
+            o[4].data.recv_message.recv_message = &u->resp;
+            o[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+            o[5].data.recv_status_on_client.trailing_metadata = &u->md1;
+            o[5].data.recv_status_on_client.status = &u->st;
+            o[5].data.recv_status_on_client.status_details = &u->details;
+            u->t0 = bench_now_ns();
+            u->qi = next++;
+            if (!u->call || grpc_call_start_batch(u->call, o, 6, u, NULL) != GRPC_CALL_OK) {
+                bad = 1;
+                break;
+            }
+            inflight++;
+        }
+        if (!inflight) break;
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type != GRPC_OP_COMPLETE) break;
+        struct rcall *u = ev.tag;
+        inflight--;
+        if (lat_ns) lat_ns[u->qi] = bench_now_ns() - u->t0;
+        if (!ev.success || u->st != GRPC_STATUS_OK || !u->resp) bad = 1;
+        if (u->resp) {
+            grpc_byte_buffer_reader rd;
+            if (grpc_byte_buffer_reader_init(&rd, u->resp)) {
+                grpc_slice in = grpc_byte_buffer_reader_readall(&rd);
+                bytes += GRPC_SLICE_LENGTH(in);
+                grpc_byte_buffer_reader_destroy(&rd);
+                grpc_slice_unref(in);
+            }
+            grpc_byte_buffer_destroy(u->resp);
+        }
+        grpc_byte_buffer_destroy(u->req);
+        grpc_metadata_array_destroy(&u->md0);
+        grpc_metadata_array_destroy(&u->md1);
+        grpc_slice_unref(u->details);
+        grpc_call_unref(u->call);
+        memset(u, 0, sizeof(*u));
+    }
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cq);
+    grpc_channel_destroy(ch);
+    free(rc);
+    grpc_shutdown();
+    if (reply_bytes) *reply_bytes = bytes;
+    return bad ? -1 : 0;
+}
+
+static void print_lat(const char *what, unsigned depth, size_t calls, double dt, uint64_t *lat,
+                      const char *extra) {
+    qsort(lat, calls, sizeof(*lat), cmp_u64);
+    printf("| %s, concurrency %u | %.0f calls/s | p50 %.3f ms | p99 %.3f ms |%s\n", what, depth,
+           (double)calls / dt, (double)lat[calls / 2] / 1e6, (double)lat[calls * 99 / 100] / 1e6,
+           extra);
+}
+
+/* One load thread: either MatchExternalKv through a client, or raw calls to addr. */
+struct load {
+    struct umbp_client *c;
+    const char ***q;
+    size_t *ql;
+    const char *addr;
+    const uint8_t *req;
+    size_t req_len;
+    size_t n;
+    unsigned depth;
+    uint64_t *lat;
+    uint64_t matched, bytes;
+    int rc;
+    char err[256];
+};
+
+static void *match_thread(void *arg) {
+    struct load *l = arg;
+    l->rc = umbp_match_external_kv_pipelined(l->c, (const char *const *const *)l->q, l->ql, l->n,
+                                             false, l->depth, l->lat, &l->matched, &l->bytes,
+                                             l->err, sizeof(l->err));
+    return NULL;
+}
+
+static void *echo_thread(void *arg) {
+    struct load *l = arg;
+    l->rc = raw_pipelined(l->addr, "/bench.Echo/Echo", l->req, l->req_len, l->n, l->depth, l->lat,
+                          &l->bytes);
+    return NULL;
+}
+
+/* Runs nt load threads (the first on the calling thread); sums their reply bytes. */
+static int run_threads(struct load *lt, unsigned nt, void *(*fn)(void *), uint64_t *bytes) {
+    pthread_t th[MAX_THREADS];
+    unsigned started = 0;
+    for (unsigned t = 1; t < nt; t++, started++)
+        if (pthread_create(&th[t], NULL, fn, &lt[t])) break;
+    fn(&lt[0]);
+    int rc = lt[0].rc;
+    *bytes = lt[0].bytes;
+    for (unsigned t = 1; t <= started; t++) {
+        pthread_join(th[t], NULL);
+        if (lt[t].rc && !rc) {
+            rc = lt[t].rc;
+            fprintf(stderr, "%s\n", lt[t].err);
+        }
+        *bytes += lt[t].bytes;
+    }
+    if (started + 1 < nt) rc = -1;
+    if (lt[0].rc) fprintf(stderr, "%s\n", lt[0].err);
+    return rc;
+}
+
+/* Windows of 256 consecutive universe entries at pseudo-random offsets, spread over
+ * min(depth, nthreads) threads with a client (connection) each. Returns the average
+ * reply size in bytes, 0 on failure. */
+static size_t run_match(struct umbp_client **cs, unsigned nthreads, char **universe, size_t nh,
+                        unsigned depth, size_t calls, const char *what) {
+    unsigned nt = depth < nthreads ? depth : nthreads;
+    calls = calls / nt * nt;
     const char ***q = calloc(calls, sizeof(*q));
     size_t *ql = calloc(calls, sizeof(*ql));
     uint64_t *lat = calloc(calls, sizeof(*lat));
@@ -66,34 +382,130 @@ static void run_match(struct umbp_client *c, char **universe, size_t nh, unsigne
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        q[i] = (const char **)&universe[seed % (nh - 256)]; /* a 256-hash prefix window */
+        q[i] = (const char **)&universe[seed % (nh - 256)];
         ql[i] = 256;
     }
-    char err[256] = "";
-    uint64_t matched = 0;
-    double t0 = now_s();
-    int rc = q && ql && lat
-                 ? umbp_match_external_kv_pipelined(c, (const char *const *const *)q, ql, calls,
-                                                    false, depth, lat, &matched, err, sizeof(err))
-                 : -1;
-    double dt = now_s() - t0;
-    if (rc) {
-        fprintf(stderr, "match: %s\n", err);
-    } else {
-        qsort(lat, calls, sizeof(*lat), cmp_u64);
-        printf("| MatchExternalKv, 256 hashes, concurrency %u | %.0f calls/s | p50 %.3f ms | "
-               "p99 %.3f ms | %.1f node matches/call |\n",
-               depth, (double)calls / dt, (double)lat[calls / 2] / 1e6,
-               (double)lat[calls * 99 / 100] / 1e6, (double)matched / (double)calls);
+    size_t avg = 0;
+    if (q && ql && lat) {
+        struct load lt[MAX_THREADS];
+        size_t per = calls / nt;
+        for (unsigned t = 0; t < nt; t++)
+            lt[t] = (struct load){.c = cs[t],
+                                  .q = q + t * per,
+                                  .ql = ql + t * per,
+                                  .n = per,
+                                  .depth = depth / nt,
+                                  .lat = lat + t * per};
+        uint64_t bytes = 0, matched = 0;
+        double t0 = now_s();
+        int rc = run_threads(lt, nt, match_thread, &bytes);
+        double dt = now_s() - t0;
+        for (unsigned t = 0; t < nt; t++) matched += lt[t].matched;
+        if (!rc) {
+            char extra[96];
+            avg = (size_t)(bytes / calls);
+            snprintf(extra, sizeof(extra), " %.1f node matches/call, %zu-byte replies |",
+                     (double)matched / (double)calls, avg);
+            print_lat(what, depth, calls, dt, lat, extra);
+        }
     }
     free(q);
     free(ql);
     free(lat);
+    return avg;
+}
+
+static void wait_listen(int port) {
+    for (int tries = 0; tries < 400; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_port = htons((uint16_t)port),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        if (fd >= 0) close(fd);
+        if (ok) return;
+        usleep(25000);
+    }
+}
+
+/* Starts `lmcache <args>` on a free loopback port written into addr; 0 on failure. */
+static pid_t spawn_self(char *const args[], char *addr, size_t addrlen, int *port) {
+    *port = free_port();
+    if (*port < 0) return 0;
+    snprintf(addr, addrlen, "127.0.0.1:%d", *port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* The bench's nodes never heartbeat: keep them alive for the whole run. */
+        setenv("UMBP_HEARTBEAT_TTL_SEC", "86400", 1);
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    if (pid < 0) return 0;
+    wait_listen(*port);
+    return pid;
+}
+
+static void stop_child(pid_t pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+}
+
+/* The reference: the same request bytes, a reply of reply_bytes, a bare server. */
+static void run_echo(const char *const *hashes, size_t reply_bytes, size_t calls,
+                     const unsigned *depths, size_t ndepths, unsigned nthreads, const char *what) {
+    char addr[64], bytes_arg[32];
+    int port;
+    snprintf(bytes_arg, sizeof(bytes_arg), "%zu", reply_bytes);
+    char *args[] = {"lmcache", "master", "bench", "--serve-echo", addr, bytes_arg, NULL};
+    /* addr is filled by spawn_self before the exec reads it. */
+    pid_t pid = spawn_self(args, addr, sizeof(addr), &port);
+    uint8_t *req = malloc(256 * 80);
+    uint64_t *lat = calloc(calls, sizeof(*lat));
+    size_t len = 0;
+    for (size_t i = 0; req && i < 256; i++) { /* MatchExternalKvRequest.hashes, as encoded */
+        size_t hl = strlen(hashes[i]);
+        req[len++] = 0x0a;
+        req[len++] = (uint8_t)hl;
+        memcpy(req + len, hashes[i], hl);
+        len += hl;
+    }
+    for (size_t d = 0; pid && req && lat && d < ndepths; d++) {
+        size_t n = depths[d] == 1 ? calls / 10 : calls;
+        unsigned nt = depths[d] < nthreads ? depths[d] : nthreads;
+        struct load lt[MAX_THREADS];
+        for (unsigned t = 0; t < nt; t++)
+            lt[t] = (struct load){.addr = addr,
+                                  .req = req,
+                                  .req_len = len,
+                                  .n = n / nt,
+                                  .depth = depths[d] / nt,
+                                  .lat = lat + t * (n / nt)};
+        n = n / nt * nt;
+        double t0 = now_s();
+        uint64_t got = 0;
+        if (run_threads(lt, nt, echo_thread, &got)) {
+            fprintf(stderr, "echo: call failed\n");
+            break;
+        }
+        char extra[96];
+        snprintf(extra, sizeof(extra), " %zu-byte requests, %zu-byte replies |", len,
+                 (size_t)(got / n));
+        print_lat(what, depths[d], n, now_s() - t0, lat, extra);
+    }
+    free(req);
+    free(lat);
+    stop_child(pid);
 }
 
 int master_bench_main(int argc, char **argv) {
     size_t entries = 1000000, calls = 20000;
+    unsigned nthreads = 2; /* client threads, a connection each */
     const char *ext = NULL;
+    if (argc == 4 && strcmp(argv[1], "--serve-echo") == 0)
+        return echo_serve(argv[2], strtoull(argv[3], 0, 10));
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--entries") == 0 && i + 1 < argc)
             entries = strtoull(argv[++i], 0, 10);
@@ -101,45 +513,40 @@ int master_bench_main(int argc, char **argv) {
             calls = strtoull(argv[++i], 0, 10);
         else if (strcmp(argv[i], "--master") == 0 && i + 1 < argc)
             ext = argv[++i];
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            nthreads = (unsigned)strtoul(argv[++i], 0, 10);
         else {
             fprintf(stderr, "usage: lmcache bench master [--entries N] [--calls N] "
-                            "[--master host:port]\n");
+                            "[--threads N] [--master host:port]\n");
             return 2;
         }
+    }
+    if (entries < 4096 || calls < 100 || nthreads < 1 || nthreads > MAX_THREADS) {
+        fprintf(stderr,
+                "lmcache bench master: --entries >= 4096, --calls >= 100, "
+                "--threads 1..%d\n",
+                MAX_THREADS);
+        return 2;
     }
     char addr[64];
     pid_t pid = 0;
     if (ext) {
         snprintf(addr, sizeof(addr), "%s", ext);
     } else {
-        int port = free_port();
-        if (port < 0) return 1;
-        snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
-        pid = fork();
-        if (pid == 0) {
-            char *args[] = {"lmcache", "master", addr, "0", NULL};
-            execv("/proc/self/exe", args);
-            _exit(127);
-        }
-        if (pid < 0) return 1;
-        /* Wait until it listens, so the clients' first connection attempt succeeds. */
-        for (int tries = 0; tries < 400; tries++) {
-            int fd = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in sa = {.sin_family = AF_INET,
-                                     .sin_port = htons((uint16_t)port),
-                                     .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-            int ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-            if (fd >= 0) close(fd);
-            if (ok) break;
-            usleep(25000);
-        }
+        int port;
+        char *args[] = {"lmcache", "master", addr, "0", NULL};
+        pid = spawn_self(args, addr, sizeof(addr), &port);
+        if (!pid) return 1;
     }
-    struct umbp_client *nodes[NODES];
+    struct umbp_client *nodes[NODES], *qc[MAX_THREADS] = {0};
     char err[256] = "";
     int rc = 1;
     size_t nh = entries / REPLICAS;
     char **hs = calloc(nh, sizeof(char *));
+    char **mixed = calloc(2 * nh, sizeof(char *)); /* indexed, missing, indexed, ... */
+    char *miss = malloc(nh * 65);
     memset(nodes, 0, sizeof(nodes));
+    if (!hs || !mixed || !miss) goto out;
     for (int i = 0; i < NODES; i++) {
         char id[32];
         snprintf(id, sizeof(id), "bench-node-%02d", i);
@@ -154,17 +561,25 @@ int master_bench_main(int argc, char **argv) {
             usleep(20000);
         }
     }
-    for (size_t i = 0; hs && i < nh; i++) {
+    for (unsigned t = 0; t < nthreads; t++)
+        if (!(qc[t] = umbp_client_new(addr, "", ""))) goto out;
+    for (size_t i = 0; i < nh; i++) {
         hs[i] = malloc(65);
         if (!hs[i]) goto out;
         uint64_t x = i * 0x9e3779b97f4a7c15ull;
         snprintf(hs[i], 65, "%016llx%016llx%016llx%016llx", (unsigned long long)x,
                  (unsigned long long)(x ^ 0xdeadbeef), (unsigned long long)~x,
                  (unsigned long long)(i));
+        snprintf(miss + i * 65, 65, "%016llx%016llx%016llx%016llx", (unsigned long long)~x,
+                 (unsigned long long)(x ^ 0xfeedface), (unsigned long long)x,
+                 (unsigned long long)(i));
+        mixed[2 * i] = hs[i];
+        mixed[2 * i + 1] = miss + i * 65;
     }
     long rss0 = pid ? rss_kb(pid) : -1;
-    printf("| setup | %zu entries = %zu hashes x %d replicas over %d nodes, 64-char hashes |\n",
-           nh * REPLICAS, nh, REPLICAS, NODES);
+    printf("| setup | %zu entries = %zu hashes x %d replicas over %d nodes, 64-char hashes; "
+           "%u client threads, a connection each |\n",
+           nh * REPLICAS, nh, REPLICAS, NODES, nthreads);
     /* Report: replica r of hash i lives on node (i + r*4) % 16, tier HBM for r even. */
     double t0 = now_s();
     for (int r = 0; r < REPLICAS; r++)
@@ -193,8 +608,19 @@ int master_bench_main(int argc, char **argv) {
                rss0 / 1024.0, rss1 / 1024.0,
                (double)(rss1 - rss0) / 1024.0 / ((double)(nh * REPLICAS) / 1e6));
     }
-    run_match(nodes[0], hs, nh, 1, calls / 10);
-    run_match(nodes[0], hs, nh, 32, calls);
+    const char *all = "MatchExternalKv, 256 hashes, all indexed";
+    const char *half = "MatchExternalKv, 256 hashes, half indexed";
+    run_match(qc, nthreads, hs, nh, 1, calls / 10, all);
+    size_t all_bytes = run_match(qc, nthreads, hs, nh, 32, calls, all);
+    run_match(qc, nthreads, mixed, 2 * nh, 1, calls / 10, half);
+    size_t half_bytes = run_match(qc, nthreads, mixed, 2 * nh, 32, calls, half);
+    if (all_bytes && half_bytes) {
+        const unsigned d2[] = {1, 32}, d1[] = {32};
+        run_echo((const char *const *)hs, all_bytes, calls, d2, 2, nthreads,
+                 "bare gRPC, same sizes as all indexed");
+        run_echo((const char *const *)hs, half_bytes, calls, d1, 1, nthreads,
+                 "bare gRPC, same sizes as half indexed");
+    }
     /* Revoke one replica's worth by explicit hashes, batches of 1024. */
     t0 = now_s();
     size_t revoked = 0;
@@ -230,13 +656,11 @@ int master_bench_main(int argc, char **argv) {
     rc = 0;
 out:
     for (int i = 0; i < NODES; i++) umbp_client_free(nodes[i]);
+    for (unsigned t = 0; t < MAX_THREADS; t++) umbp_client_free(qc[t]);
     for (size_t i = 0; hs && i < nh; i++) free(hs[i]);
     free(hs);
-    if (pid > 0) {
-        kill(pid, SIGTERM);
-        int st;
-        while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-        }
-    }
+    free(mixed);
+    free(miss);
+    stop_child(pid);
     return rc;
 }

@@ -90,7 +90,8 @@ static int arm(struct mgrpc *g, int method) {
     return 0;
 }
 
-static void finish(struct mcall *c, grpc_status_code code, const char *msg, const uint8_t *buf,
+/* buf (malloc'd, may be NULL) is owned by finish from here on. */
+static void finish(struct mcall *c, grpc_status_code code, const char *msg, uint8_t *buf,
                    size_t len) {
     grpc_op ops[4];
     memset(ops, 0, sizeof(ops));
@@ -98,8 +99,9 @@ static void finish(struct mcall *c, grpc_status_code code, const char *msg, cons
     ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
     n++;
     if (code == GRPC_STATUS_OK) {
-        /* The byte buffer owns a copy; SEND_MESSAGE consumes its slices. */
-        grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, len);
+        /* The slice takes the reply buffer over (no copy); SEND_MESSAGE consumes it. */
+        grpc_slice s = buf ? grpc_slice_new(buf, len, free) : grpc_empty_slice();
+        buf = NULL;
         c->resp = grpc_raw_byte_buffer_create(&s, 1);
         grpc_slice_unref(s);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
@@ -117,6 +119,7 @@ static void finish(struct mcall *c, grpc_status_code code, const char *msg, cons
     ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
     n++;
+    free(buf);
     c->stage = ST_SENT;
     if (grpc_call_start_batch(c->call, ops, n, c, NULL) != GRPC_CALL_OK) call_free(c);
 }
@@ -142,7 +145,6 @@ static void handle(struct mcall *c) {
     mrpc_dispatch(g->m, (size_t)c->method, GRPC_SLICE_START_PTR(in), GRPC_SLICE_LENGTH(in), &r);
     grpc_slice_unref(in);
     finish(c, (grpc_status_code)r.status, r.msg, r.buf, r.len);
-    free(r.buf);
 }
 
 static void *worker(void *arg) {

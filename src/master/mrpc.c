@@ -12,6 +12,7 @@
 #include "master/mrelay.h"
 #include "master/mroute.h"
 #include "master/mstore.h"
+#include "master/mwire.h"
 #include "umbp.pb-c.h"
 
 typedef void (*mrpc_fn)(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r);
@@ -641,61 +642,34 @@ static void h_xrevoke_node(struct master *m, const ProtobufCMessage *in, struct 
     reply(r, &resp.base);
 }
 
-static void h_xmatch(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r) {
-    const Umbp__MatchExternalKvRequest *q = (const void *)in;
+/* MatchExternalKv carries the big replies (every matched hash once per node and tier), so
+ * it skips protobuf-c: hashes are read in place and the reply is written directly. */
+static void h_xmatch_wire(struct master *m, const uint8_t *data, size_t len, struct mrpc_reply *r) {
+    struct mstore_key *keys;
+    size_t nk;
+    bool hit;
+    int w = mwire_match_request(data, len, &keys, &nk, &hit);
+    if (w == MWIRE_MALFORMED)
+        FAIL(r, MRPC_INVALID_ARGUMENT, "MatchExternalKv: request could not be decoded");
+    if (w) FAIL(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
     struct mstore_match mt;
-    if (m->store->ops->ext_match(m->store, q->hashes, q->n_hashes, q->count_as_hit, m->now_ms(),
-                                 &mt))
+    if (m->store->ops->ext_match(m->store, keys, nk, hit, m->now_ms(), &mt)) {
+        free(keys);
         FAIL(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
-    size_t nb = 0, nh = 0, matched = 0;
-    for (uint32_t i = 0; i < mt.nnodes; i++) {
-        nb += mt.nodes[i].ntiers;
-        matched += mt.nodes[i].distinct;
-        for (uint32_t t = 0; t < mt.nodes[i].ntiers; t++) nh += mt.nodes[i].tiers[t].n;
-    }
-    Umbp__ExternalKvNodeMatch *nm = calloc(mt.nnodes + 1, sizeof(*nm));
-    Umbp__ExternalKvNodeMatch **pnm = calloc(mt.nnodes + 1, sizeof(*pnm));
-    Umbp__TierHashes *th = calloc(nb + 1, sizeof(*th));
-    Umbp__TierHashes **pth = calloc(nb + 1, sizeof(*pth));
-    char **hs = calloc(nh + 1, sizeof(*hs));
-    if (!nm || !pnm || !th || !pth || !hs) {
-        fail(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
-    }
-    size_t bi = 0, hi = 0;
-    for (uint32_t i = 0; i < mt.nnodes; i++) {
-        const struct mstore_match_node *mn = &mt.nodes[i];
-        umbp__external_kv_node_match__init(&nm[i]);
-        pnm[i] = &nm[i];
-        nm[i].node_id = (char *)mn->node_id;
-        nm[i].peer_address = mn->peer_address;
-        nm[i].n_hashes_by_tier = mn->ntiers;
-        nm[i].hashes_by_tier = &pth[bi];
-        for (uint32_t t = 0; t < mn->ntiers; t++, bi++) {
-            umbp__tier_hashes__init(&th[bi]);
-            pth[bi] = &th[bi];
-            th[bi].tier = (Umbp__TierType)mn->tiers[t].tier;
-            th[bi].n_hashes = mn->tiers[t].n;
-            th[bi].hashes = &hs[hi];
-            for (uint32_t k = 0; k < mn->tiers[t].n; k++) hs[hi++] = q->hashes[mn->tiers[t].idx[k]];
-        }
     }
     if (m->met) {
+        size_t matched = 0;
+        for (uint32_t i = 0; i < mt.nnodes; i++) matched += mt.nodes[i].distinct;
         met_inc(m->met->xmatch_s, 1);
-        met_inc(m->met->xmatch_queried_s, (double)q->n_hashes);
+        met_inc(m->met->xmatch_queried_s, (double)nk);
         met_inc(m->met->xmatch_matched_s, (double)matched);
     }
-    Umbp__MatchExternalKvResponse resp = UMBP__MATCH_EXTERNAL_KV_RESPONSE__INIT;
-    resp.n_matches = mt.nnodes;
-    resp.matches = pnm;
-    reply(r, &resp.base);
-out:
-    free(nm);
-    free(pnm);
-    free(th);
-    free(pth);
-    free(hs);
+    if (mwire_match_reply(&mt, keys, &r->buf, &r->len))
+        fail(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
+    else
+        r->status = MRPC_OK;
     mstore_match_free(&mt);
+    free(keys);
 }
 
 static void h_hit_counts(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r) {
@@ -832,7 +806,7 @@ size_t mrpc_hit_gc(struct master *m, int64_t now_ms) {
       umbp__revoke_all_external_kv_blocks_at_tier_request__descriptor, h_xrevoke_tier)             \
     X(RevokeAllExternalKvBlocksForNode,                                                            \
       umbp__revoke_all_external_kv_blocks_for_node_request__descriptor, h_xrevoke_node)            \
-    X(MatchExternalKv, umbp__match_external_kv_request__descriptor, h_xmatch)                      \
+    X(MatchExternalKv, umbp__match_external_kv_request__descriptor, NULL)                          \
     X(GetExternalKvHitCounts, umbp__get_external_kv_hit_counts_request__descriptor, h_hit_counts)  \
     X(ReportMetrics, umbp__report_metrics_request__descriptor, h_report_metrics)
 
@@ -852,6 +826,18 @@ static const struct {
 #undef MRPC_IMPL
 };
 
+/* Methods that decode their own requests. */
+typedef void (*mrpc_wire_fn)(struct master *m, const uint8_t *data, size_t len,
+                             struct mrpc_reply *r);
+enum {
+#define MRPC_ENUM(name, desc, fn) M_##name,
+    MRPC_LIST(MRPC_ENUM)
+#undef MRPC_ENUM
+};
+static const mrpc_wire_fn WIRE[sizeof(IMPL) / sizeof(IMPL[0])] = {
+    [M_MatchExternalKv] = h_xmatch_wire,
+};
+
 int mrpc_find(const char *path, size_t len) {
     for (size_t i = 0; i < MRPC_NMETHODS; i++)
         if (strlen(MRPC_METHODS[i].path) == len && memcmp(MRPC_METHODS[i].path, path, len) == 0)
@@ -863,6 +849,10 @@ void mrpc_dispatch(struct master *m, size_t method, const uint8_t *data, size_t 
                    struct mrpc_reply *r) {
     memset(r, 0, sizeof(*r));
     if (method >= MRPC_NMETHODS) FAIL(r, 12 /* UNIMPLEMENTED */, "unknown method");
+    if (WIRE[method]) {
+        WIRE[method](m, data, len, r);
+        return;
+    }
     ProtobufCMessage *in = protobuf_c_message_unpack(IMPL[method].desc, NULL, len, data);
     if (!in) {
         snprintf(r->msg, sizeof(r->msg), "%s: request could not be decoded",

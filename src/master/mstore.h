@@ -58,12 +58,18 @@ struct mstore_loc {
     uint64_t size;
 };
 
+/* A key as it arrived on the wire: not NUL-terminated. */
+struct mstore_key {
+    const char *p;
+    size_t n;
+};
+
 /* Result of a MatchExternalKv: one entry per node, per node one bucket per tier in
  * ascending tier order, hashes as indices into the request in request order. */
 struct mstore_match_tier {
     int tier;
-    uint32_t n, cap;
-    uint32_t *idx;
+    uint32_t n;
+    uint32_t *idx; /* into the match's pool */
 };
 struct mstore_match_node {
     uint32_t node;
@@ -74,8 +80,9 @@ struct mstore_match_node {
     uint32_t distinct; /* distinct hashes matched on this node */
 };
 struct mstore_match {
-    uint32_t nnodes, cap;
+    uint32_t nnodes;
     struct mstore_match_node *nodes;
+    uint32_t *pool; /* every bucket's indices */
 };
 void mstore_match_free(struct mstore_match *m);
 
@@ -125,7 +132,8 @@ struct mstore_ops {
                        int tier);
     void (*ext_revoke_tier)(struct mstore *s, const char *node_id, int tier);
     void (*ext_revoke_node)(struct mstore *s, const char *node_id);
-    int (*ext_match)(struct mstore *s, char *const *hashes, size_t n, bool count_as_hit,
+    /* Request duplicates are matched once (their first occurrence). */
+    int (*ext_match)(struct mstore *s, const struct mstore_key *keys, size_t n, bool count_as_hit,
                      int64_t now, struct mstore_match *out);
     /* Sparse, de-duplicated; *out is malloc'd (may be NULL when *nout is 0). */
     int (*hit_counts)(struct mstore *s, char *const *hashes, size_t n, struct mstore_hit **out,

@@ -85,8 +85,11 @@ struct xrev {
 
 struct xshard {
     pthread_mutex_t lock;
-    struct xent **b;
-    size_t nb, n;
+    /* Atomic only so mem_ext_match may read them unlocked for a prefetch hint; every
+     * real access is under lock. */
+    struct xent **_Atomic b;
+    _Atomic size_t nb;
+    size_t n;
     struct xrev (*rev)[MSTORE_NTIERS]; /* indexed by node */
     uint32_t nrev;
 } __attribute__((aligned(64)));
@@ -345,7 +348,7 @@ static void do_xdrop_all_at(struct mem *m, struct xshard *sh, uint32_t node, int
 }
 
 static struct xshard *xshard_of(struct mem *m, uint64_t h) {
-    return &m->xs[(h >> 40) & (m->nshards - 1)];
+    return &m->xs[(h >> 40) & (m->nshards - 1)]; /* as mem_ext_match groups keys */
 }
 
 static void wipe_ext_node(struct mem *m, uint32_t node) {
@@ -776,41 +779,10 @@ static void mem_ext_revoke_node(struct mstore *s, const char *node_id) {
 }
 
 void mstore_match_free(struct mstore_match *mt) {
-    for (uint32_t i = 0; i < mt->nnodes; i++) {
-        free(mt->nodes[i].peer_address);
-        for (uint32_t t = 0; t < MSTORE_NTIERS; t++) free(mt->nodes[i].tiers[t].idx);
-    }
+    for (uint32_t i = 0; i < mt->nnodes; i++) free(mt->nodes[i].peer_address);
     free(mt->nodes);
+    free(mt->pool);
     memset(mt, 0, sizeof(*mt));
-}
-
-static struct mstore_match_node *match_node(struct mstore_match *mt, uint32_t node) {
-    for (uint32_t i = 0; i < mt->nnodes; i++)
-        if (mt->nodes[i].node == node) return &mt->nodes[i];
-    if (mt->nnodes == mt->cap) {
-        uint32_t nc = mt->cap ? mt->cap * 2 : 8;
-        void *p = realloc(mt->nodes, nc * sizeof(*mt->nodes));
-        if (!p) return NULL;
-        mt->nodes = p;
-        mt->cap = nc;
-    }
-    struct mstore_match_node *mn = &mt->nodes[mt->nnodes++];
-    memset(mn, 0, sizeof(*mn));
-    mn->node = node;
-    for (int t = 0; t < MSTORE_NTIERS; t++) mn->tiers[t].tier = t;
-    return mn;
-}
-
-static int tier_push(struct mstore_match_tier *mt, uint32_t idx) {
-    if (mt->n == mt->cap) {
-        uint32_t nc = mt->cap ? mt->cap * 2 : 8;
-        void *p = realloc(mt->idx, nc * sizeof(*mt->idx));
-        if (!p) return -1;
-        mt->idx = p;
-        mt->cap = nc;
-    }
-    mt->idx[mt->n++] = idx;
-    return 0;
 }
 
 /* Marks the first occurrence of every distinct hash; returns NULL on no memory. */
@@ -840,33 +812,133 @@ static bool *dedup_first(char *const *hashes, size_t n, uint64_t *hv) {
     return first;
 }
 
-static int mem_ext_match(struct mstore *s, char *const *hashes, size_t n, bool count_as_hit,
-                         int64_t now, struct mstore_match *mt) {
+/* One placement seen by a match: request index, node, tier bitmask. */
+struct xhit {
+    uint32_t idx, node;
+    uint8_t tiers;
+};
+
+/* Open-addressing set over the request: marks the first occurrence of each distinct key
+ * (the other occurrences get hv = 0 and are skipped). -1 on no memory. */
+static int dedup_keys(const struct mstore_key *k, size_t n, uint64_t *hv, bool *first) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    uint32_t *set = calloc(cap, sizeof(uint32_t));
+    if (!set) return -1;
+    for (size_t i = 0; i < n; i++) {
+        size_t kl = k[i].n > UINT16_MAX ? UINT16_MAX : k[i].n; /* as stored by report */
+        hv[i] = hkey(k[i].p, kl);
+        first[i] = false;
+        for (size_t j = hv[i] & (cap - 1);; j = (j + 1) & (cap - 1)) {
+            uint32_t v = set[j];
+            if (!v) {
+                set[j] = (uint32_t)i + 1;
+                first[i] = true;
+                break;
+            }
+            size_t ol = k[v - 1].n > UINT16_MAX ? UINT16_MAX : k[v - 1].n;
+            if (hv[v - 1] == hv[i] && ol == kl && memcmp(k[v - 1].p, k[i].p, kl) == 0) break;
+        }
+    }
+    free(set);
+    return 0;
+}
+
+/* Node index -> slot in the result, for a handful of nodes per reply. */
+static uint32_t slot_of(uint32_t *map, uint32_t cap, uint32_t node, uint32_t *nslots) {
+    for (uint32_t j = (node * 0x9e3779b1u) & (cap - 1);; j = (j + 1) & (cap - 1)) {
+        if (!map[j]) {
+            map[j] = node + 1;
+            map[cap + j] = (*nslots)++;
+            return map[cap + j];
+        }
+        if (map[j] == node + 1) return map[cap + j];
+    }
+}
+
+/* Two phases: the placements of every distinct key are copied out under their shard
+ * lock, then grouped per node and tier into one index pool, so a match costs a few
+ * allocations whatever its size. The lookups are memory-latency bound (an entry is a
+ * bucket, a header and a placement array, each likely a cache miss), so the keys are
+ * taken shard by shard, one lock each, with the bucket heads, entries and placement
+ * arrays prefetched a stage ahead. Node ids and peers are read under meta afterwards; no
+ * two locks are held together. */
+static int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n,
+                         bool count_as_hit, int64_t now, struct mstore_match *mt) {
     struct mem *m = MEM(s);
     memset(mt, 0, sizeof(*mt));
     if (!n) return 0;
+    if (n > UINT32_MAX / 8) return -1;
     uint64_t *hv = malloc(n * sizeof(*hv));
-    bool *first = hv ? dedup_first(hashes, n, hv) : NULL;
-    int rc = first ? 0 : -1;
+    bool *first = malloc(n * sizeof(*first));
+    uint32_t *order = malloc(n * sizeof(*order)); /* key indices grouped by shard */
+    uint32_t *sstart = calloc(m->nshards + 1, sizeof(*sstart));
+    struct xent **ent = malloc(n * sizeof(*ent));     /* per key, under its shard lock */
+    uint32_t *hoff = malloc((n + 1) * sizeof(*hoff)); /* key i's placements in h */
+    size_t hcap = n * 2, nh = 0;
+    struct xhit *h = malloc(hcap * sizeof(*h));
+    int rc =
+        hv && first && order && sstart && ent && hoff && h ? dedup_keys(keys, n, hv, first) : -1;
+    uint32_t smask = m->nshards - 1;
+    if (!rc) {
+        for (size_t i = 0; i < n; i++)
+            if (first[i]) sstart[((hv[i] >> 40) & smask) + 1]++;
+        for (uint32_t k = 0; k < m->nshards; k++) sstart[k + 1] += sstart[k];
+        uint32_t *pos = malloc(m->nshards * sizeof(*pos));
+        if (!pos) {
+            rc = -1;
+        } else {
+            memcpy(pos, sstart, m->nshards * sizeof(*pos));
+            for (size_t i = 0; i < n; i++)
+                if (first[i]) order[pos[(hv[i] >> 40) & smask]++] = (uint32_t)i;
+            free(pos);
+        }
+        for (size_t i = 0; i < n; i++) hoff[i] = UINT32_MAX;
+    }
+    /* Unlocked prefetch of every bucket head, so the misses overlap across shards. A
+     * concurrent regrow makes the address stale: a wasted hint, never a fault. */
     for (size_t i = 0; !rc && i < n; i++) {
         if (!first[i]) continue;
-        size_t kl = strlen(hashes[i]);
         struct xshard *sh = xshard_of(m, hv[i]);
+        uintptr_t b = (uintptr_t)atomic_load_explicit(&sh->b, memory_order_relaxed);
+        size_t nb = atomic_load_explicit(&sh->nb, memory_order_relaxed);
+        __builtin_prefetch((const void *)(b + (hv[i] & (nb - 1)) * sizeof(struct xent *)));
+    }
+    for (uint32_t k = 0; !rc && k < m->nshards; k++) {
+        uint32_t lo = sstart[k], hi = sstart[k + 1];
+        if (lo == hi) continue;
+        struct xshard *sh = &m->xs[k];
         pthread_mutex_lock(&sh->lock);
-        struct xent *e =
-            do_xfind(sh, hashes[i], kl > UINT16_MAX ? UINT16_MAX : kl, (uint32_t)hv[i]);
-        if (e && e->nplace) {
-            for (uint16_t p = 0; !rc && p < e->nplace; p++) {
-                struct mstore_match_node *mn = match_node(mt, e->pl[p].node);
-                if (!mn) {
+        size_t bm = sh->nb - 1;
+        struct xent **bk = sh->b;
+        for (uint32_t j = lo; j < hi; j++) {
+            struct xent *e = bk[hv[order[j]] & bm];
+            if (e) __builtin_prefetch(e);
+        }
+        for (uint32_t j = lo; j < hi; j++) {
+            uint32_t i = order[j];
+            size_t kl = keys[i].n > UINT16_MAX ? UINT16_MAX : keys[i].n;
+            struct xent *e = do_xfind(sh, keys[i].p, kl, (uint32_t)hv[i]);
+            ent[i] = e && e->nplace ? e : NULL;
+            if (ent[i]) __builtin_prefetch(e->pl);
+        }
+        for (uint32_t j = lo; !rc && j < hi; j++) {
+            uint32_t i = order[j];
+            struct xent *e = ent[i];
+            if (!e) continue;
+            if (nh + e->nplace > hcap) {
+                size_t nc = (nh + e->nplace) * 2;
+                void *p = realloc(h, nc * sizeof(*h));
+                if (!p) {
                     rc = -1;
                     break;
                 }
-                mn->distinct++;
-                for (int t = 0; t < MSTORE_NTIERS; t++)
-                    if ((e->pl[p].tiers & (1u << t)) && tier_push(&mn->tiers[t], (uint32_t)i))
-                        rc = -1;
+                h = p;
+                hcap = nc;
             }
+            hoff[i] = (uint32_t)nh;
+            for (uint16_t p = 0; p < e->nplace; p++)
+                h[nh++] = (struct xhit){(uint32_t)i, e->pl[p].node, e->pl[p].tiers};
             if (count_as_hit) {
                 e->hits++;
                 if (now > e->last_seen) e->last_seen = now;
@@ -874,8 +946,71 @@ static int mem_ext_match(struct mstore *s, char *const *hashes, size_t n, bool c
         }
         pthread_mutex_unlock(&sh->lock);
     }
+    /* Back to request order: hits of key i are h[hoff[i]] up to the next key's. */
+    struct xhit *ho = rc ? NULL : malloc((nh + 1) * sizeof(*ho));
+    if (!rc && !ho) rc = -1;
+    if (!rc) {
+        size_t o = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (hoff[i] == UINT32_MAX) continue;
+            for (size_t k = hoff[i]; k < nh && h[k].idx == i; k++) ho[o++] = h[k];
+        }
+        free(h);
+        h = ho;
+    }
     free(hv);
     free(first);
+    free(order);
+    free(sstart);
+    free(ent);
+    free(hoff);
+    /* Group: slots in order of first appearance, per slot and tier a count, then offsets
+     * into one pool filled in request order. */
+    uint32_t mcap = 16, nslots = 0;
+    while (mcap < nh * 2) mcap <<= 1;
+    uint32_t *map = rc ? NULL : calloc((size_t)mcap * 2, sizeof(uint32_t));
+    uint32_t *slot = rc ? NULL : malloc((nh + 1) * sizeof(uint32_t));
+    size_t ntot = 0;
+    if (!rc && (!map || !slot)) rc = -1;
+    for (size_t k = 0; !rc && k < nh; k++) slot[k] = slot_of(map, mcap, h[k].node, &nslots);
+    if (!rc) {
+        mt->nodes = calloc(nslots + 1, sizeof(*mt->nodes));
+        if (!mt->nodes) rc = -1;
+    }
+    for (size_t k = 0; !rc && k < nh; k++) {
+        struct mstore_match_node *mn = &mt->nodes[slot[k]];
+        mn->node = h[k].node;
+        mn->distinct++;
+        for (int t = 0; t < MSTORE_NTIERS; t++)
+            if (h[k].tiers & (1u << t)) {
+                mn->tiers[t].n++;
+                ntot++;
+            }
+    }
+    if (!rc) {
+        mt->nnodes = nslots;
+        mt->pool = malloc((ntot + 1) * sizeof(uint32_t));
+        if (!mt->pool) rc = -1;
+    }
+    if (!rc) {
+        uint32_t off = 0;
+        for (uint32_t i = 0; i < nslots; i++)
+            for (int t = 0; t < MSTORE_NTIERS; t++) {
+                struct mstore_match_tier *b = &mt->nodes[i].tiers[t];
+                b->tier = t;
+                b->idx = mt->pool + off;
+                off += b->n;
+                b->n = 0;
+            }
+        for (size_t k = 0; k < nh; k++) {
+            struct mstore_match_node *mn = &mt->nodes[slot[k]];
+            for (int t = 0; t < MSTORE_NTIERS; t++)
+                if (h[k].tiers & (1u << t)) mn->tiers[t].idx[mn->tiers[t].n++] = h[k].idx;
+        }
+    }
+    free(h);
+    free(map);
+    free(slot);
     if (rc) {
         mstore_match_free(mt);
         return rc;
@@ -890,13 +1025,8 @@ static int mem_ext_match(struct mstore *s, char *const *hashes, size_t n, bool c
         mn->peer_address = strdup(alive ? nd->peer_address : "");
         if (!mn->peer_address) rc = -1;
         uint32_t k = 0;
-        for (int t = 0; t < MSTORE_NTIERS; t++) {
-            if (!mn->tiers[t].n) {
-                free(mn->tiers[t].idx);
-                continue;
-            }
-            mn->tiers[k++] = mn->tiers[t];
-        }
+        for (int t = 0; t < MSTORE_NTIERS; t++)
+            if (mn->tiers[t].n) mn->tiers[k++] = mn->tiers[t];
         for (uint32_t t = k; t < MSTORE_NTIERS; t++) mn->tiers[t] = (struct mstore_match_tier){0};
         mn->ntiers = k;
     }

@@ -1,5 +1,6 @@
 /* libFuzzer driver over the master's request decoders and handlers: the first byte picks
- * the method, the rest is the protobuf request, run against one long-lived store. */
+ * the method, the rest is the protobuf request, run against one long-lived store. The
+ * hand-written MatchExternalKv decoder is also checked against protobuf-c's. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -8,6 +9,8 @@
 #include "base/log.h"
 #include "master/mrpc.h"
 #include "master/mstore.h"
+#include "master/mwire.h"
+#include "umbp.pb-c.h"
 
 static int64_t fixed_now(void) { return 1000000; }
 static uint64_t fixed_rand(void) { return 42; }
@@ -24,6 +27,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         m.rand64 = fixed_rand;
     }
     if (size < 1) return 0;
+    if (data[0] % MRPC_NMETHODS == (size_t)mrpc_find("/umbp.UMBPMaster/MatchExternalKv", 32)) {
+        struct mstore_key *k;
+        size_t nk;
+        bool hit;
+        int rc = mwire_match_request(data + 1, size - 1, &k, &nk, &hit);
+        Umbp__MatchExternalKvRequest *q =
+            umbp__match_external_kv_request__unpack(NULL, size - 1, data + 1);
+        if ((rc == MWIRE_OK) != (q != NULL)) abort();
+        if (q) {
+            if (nk != q->n_hashes || hit != q->count_as_hit) abort();
+            for (size_t i = 0; i < nk; i++)
+                if (k[i].n != strlen(q->hashes[i]) || memcmp(k[i].p, q->hashes[i], k[i].n)) abort();
+            umbp__match_external_kv_request__free_unpacked(q, NULL);
+        }
+        free(k);
+    }
     struct mrpc_reply r;
     mrpc_dispatch(&m, data[0] % MRPC_NMETHODS, data + 1, size - 1, &r);
     free(r.buf);

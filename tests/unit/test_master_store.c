@@ -92,8 +92,9 @@ static void test_ext_index_and_hits(void **st) {
     assert_int_equal(s->ops->ext_report(s, "b", H, 1, 3), 1);
     assert_int_equal(s->ops->ext_count(s), 7);
     char *q[] = {"h0", "h0", "h1", "zz"};
+    struct mstore_key qk[] = {{"h0", 2}, {"h0", 2}, {"h1", 2}, {"zz", 2}};
     struct mstore_match mt;
-    assert_int_equal(s->ops->ext_match(s, q, 4, true, 10, &mt), 0);
+    assert_int_equal(s->ops->ext_match(s, qk, 4, true, 10, &mt), 0);
     assert_int_equal(mt.nnodes, 2);
     for (uint32_t i = 0; i < mt.nnodes; i++) {
         if (strcmp(mt.nodes[i].node_id, "a") == 0) {

@@ -1,0 +1,216 @@
+/* MatchExternalKv request decoding and reply encoding on the protobuf wire format
+ * (see mwire.h). Wire types: 0 varint, 1 fixed64, 2 length-delimited, 5 fixed32; groups
+ * (3, 4) are rejected as protobuf-c rejects them. */
+#include "master/mwire.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Reads a varint at *p (< end). 0 ok, -1 truncated or longer than 10 bytes. */
+static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    uint64_t x = 0;
+    for (unsigned i = 0; i < 10; i++) {
+        if (*p >= end) return -1;
+        uint8_t b = *(*p)++;
+        x |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A field's tag read as protobuf-c reads it: at most 5 bytes, bits past 32 dropped, and
+ * only a first byte with no field-number bits is refused. */
+static int get_tag(const uint8_t **p, const uint8_t *end, uint32_t *field, unsigned *wt) {
+    const uint8_t *d = *p;
+    size_t max = (size_t)(end - d) < 5 ? (size_t)(end - d) : 5;
+    if (!max || !(d[0] & 0xf8)) return -1;
+    *wt = d[0] & 7;
+    uint32_t tag = (uint32_t)(d[0] & 0x7f) >> 3;
+    if (!(d[0] & 0x80)) {
+        *field = tag;
+        *p = d + 1;
+        return 0;
+    }
+    unsigned shift = 4;
+    for (size_t i = 1; i < max; i++, shift += 7) {
+        tag |= (uint32_t)(d[i] & 0x7f) << shift;
+        if (!(d[i] & 0x80)) {
+            *field = tag;
+            *p = d + i + 1;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A length prefix as protobuf-c reads it: at most 5 bytes, the data inside the buffer. */
+static int get_len(const uint8_t **p, const uint8_t *end, uint64_t *len) {
+    const uint8_t *d = *p;
+    size_t max = (size_t)(end - d) < 5 ? (size_t)(end - d) : 5;
+    uint64_t v = 0;
+    for (size_t i = 0; i < max; i++) {
+        v |= (uint64_t)(d[i] & 0x7f) << (7 * i);
+        if (!(d[i] & 0x80)) {
+            if (v > (uint64_t)(end - d) - (i + 1)) return -1;
+            *len = v;
+            *p = d + i + 1;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Skips one field of wire type wt. */
+static int skip_field(const uint8_t **p, const uint8_t *end, unsigned wt) {
+    uint64_t v;
+    switch (wt) {
+    case 0:
+        return get_varint(p, end, &v);
+    case 1:
+    case 5: {
+        size_t w = wt == 1 ? 8 : 4;
+        if ((size_t)(end - *p) < w) return -1;
+        *p += w;
+        return 0;
+    }
+    case 2:
+        if (get_len(p, end, &v)) return -1;
+        *p += v;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+int mwire_match_request(const uint8_t *d, size_t n, struct mstore_key **keys, size_t *nkeys,
+                        bool *count_as_hit) {
+    *keys = NULL;
+    *nkeys = 0;
+    *count_as_hit = false;
+    /* First pass counts the hashes so the views are one allocation. */
+    size_t cnt = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const uint8_t *p = d, *end = d + n;
+        size_t k = 0;
+        while (p < end) {
+            uint64_t v;
+            uint32_t field;
+            unsigned wt;
+            if (get_tag(&p, end, &field, &wt)) goto bad;
+            if (field == 1) {
+                if (wt != 2 || get_len(&p, end, &v)) goto bad;
+                if (pass) {
+                    const char *s = (const char *)p;
+                    const char *z = memchr(s, 0, (size_t)v);
+                    (*keys)[k] = (struct mstore_key){s, z ? (size_t)(z - s) : (size_t)v};
+                }
+                k++;
+                p += v;
+            } else if (field == 2) {
+                /* As protobuf-c reads a bool: any wire type, true when any byte of the
+                 * field (after the tag) has a value bit set. */
+                const uint8_t *f0 = p;
+                if (skip_field(&p, end, wt)) goto bad;
+                bool b = false;
+                for (const uint8_t *x = f0; x < p; x++) b |= (*x & 0x7f) != 0;
+                *count_as_hit = b;
+            } else if (skip_field(&p, end, wt)) {
+                goto bad;
+            }
+        }
+        if (!pass) {
+            cnt = k;
+            if (!cnt) return MWIRE_OK;
+            *keys = malloc(cnt * sizeof(**keys));
+            if (!*keys) return MWIRE_NOMEM;
+        }
+    }
+    *nkeys = cnt;
+    return MWIRE_OK;
+bad:
+    free(*keys);
+    *keys = NULL;
+    *count_as_hit = false;
+    return MWIRE_MALFORMED;
+}
+
+static size_t varint_len(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* A length-delimited field: tag, length, and (for strings) the bytes. */
+static size_t ld_len(size_t n) { return 1 + varint_len(n) + n; }
+
+static uint8_t *put_bytes(uint8_t *p, uint8_t tag, const void *s, size_t n) {
+    *p++ = tag;
+    p = put_varint(p, n);
+    memcpy(p, s, n);
+    return p + n;
+}
+
+/* TierHashes { TierType tier = 1; repeated string hashes = 2; } */
+static size_t tier_len(const struct mstore_match_tier *t, const struct mstore_key *keys) {
+    size_t n = t->tier ? 1 + varint_len((uint64_t)t->tier) : 0; /* proto3 omits 0 */
+    for (uint32_t k = 0; k < t->n; k++) n += ld_len(keys[t->idx[k]].n);
+    return n;
+}
+
+/* ExternalKvNodeMatch { node_id = 1; peer_address = 2; repeated TierHashes = 3; } */
+static size_t node_len(const struct mstore_match_node *mn, const struct mstore_key *keys,
+                       size_t *tl) {
+    size_t idl = strlen(mn->node_id), pl = strlen(mn->peer_address);
+    size_t n = (idl ? ld_len(idl) : 0) + (pl ? ld_len(pl) : 0);
+    for (uint32_t t = 0; t < mn->ntiers; t++) {
+        tl[t] = tier_len(&mn->tiers[t], keys);
+        n += ld_len(tl[t]);
+    }
+    return n;
+}
+
+int mwire_match_reply(const struct mstore_match *mt, const struct mstore_key *keys, uint8_t **buf,
+                      size_t *len) {
+    size_t total = 0, tl[MSTORE_NTIERS];
+    for (uint32_t i = 0; i < mt->nnodes; i++) total += ld_len(node_len(&mt->nodes[i], keys, tl));
+    uint8_t *b = malloc(total ? total : 1), *p = b;
+    if (!b) return MWIRE_NOMEM;
+    for (uint32_t i = 0; i < mt->nnodes; i++) {
+        const struct mstore_match_node *mn = &mt->nodes[i];
+        size_t nl = node_len(mn, keys, tl);
+        *p++ = 0x0a; /* MatchExternalKvResponse.matches */
+        p = put_varint(p, nl);
+        size_t idl = strlen(mn->node_id), pl = strlen(mn->peer_address);
+        if (idl) p = put_bytes(p, 0x0a, mn->node_id, idl);
+        if (pl) p = put_bytes(p, 0x12, mn->peer_address, pl);
+        for (uint32_t t = 0; t < mn->ntiers; t++) {
+            const struct mstore_match_tier *th = &mn->tiers[t];
+            *p++ = 0x1a; /* hashes_by_tier */
+            p = put_varint(p, tl[t]);
+            if (th->tier) {
+                *p++ = 0x08;
+                p = put_varint(p, (uint64_t)th->tier);
+            }
+            for (uint32_t k = 0; k < th->n; k++)
+                p = put_bytes(p, 0x12, keys[th->idx[k]].p, keys[th->idx[k]].n);
+        }
+    }
+    *buf = b;
+    *len = (size_t)(p - b);
+    return MWIRE_OK;
+}
