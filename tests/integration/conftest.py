@@ -74,7 +74,8 @@ class Server:
         return requests.delete(self.url + path, timeout=30, **kw)
 
     def output(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 

@@ -41,8 +41,7 @@ static void range_free(struct chunk_range *cr) {
     free(cr->hash_len);
 }
 
-static int parse_range(struct op_ctx *o, struct chunk_range *cr) {
-    memset(cr, 0, sizeof(*cr));
+static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr) {
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size;
     if (dp_cstr(o->m, "cache_salt", 0, cr->salt, sizeof(cr->salt), o->err) < 0) return -1;
     if (keys_check_cache_salt(cr->salt, strlen(cr->salt), o->err->message,
@@ -123,6 +122,17 @@ static int parse_range(struct op_ctx *o, struct chunk_range *cr) {
 oom:
     dp_fail(o->err, DP_INTERNAL, "out of memory");
     return -1;
+}
+
+/* Parses the chunk fields; on failure nothing stays allocated. */
+static int parse_range(struct op_ctx *o, struct chunk_range *cr) {
+    memset(cr, 0, sizeof(*cr));
+    if (parse_range_fields(o, cr) < 0) {
+        range_free(cr);
+        memset(cr, 0, sizeof(*cr));
+        return -1;
+    }
+    return 0;
 }
 
 /* The L1 key of chunk c for one rank. */
