@@ -43,6 +43,17 @@ static void fill(uint8_t *p, size_t n, int seed) {
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed * 131 + i * 7 + (i >> 9));
 }
 
+/* 0: test buffers come from malloc; else from posix_memalign(g_align) (the o_direct path that
+ * moves the payload without a copy). */
+static size_t g_align;
+
+static void *buf_alloc(size_t sz) {
+    void *p = NULL;
+    if (!g_align) return malloc(sz);
+    assert_int_equal(posix_memalign(&p, g_align, sz ? sz : 1), 0);
+    return p;
+}
+
 static struct l2_adapter *open_fs(const char *dir, const char *extra) {
     char js[1024];
     snprintf(js, sizeof(js), "{\"type\":\"fs\",\"base_path\":\"%s\"%s}", dir, extra ? extra : "");
@@ -64,7 +75,7 @@ static size_t store_n(struct l2_adapter *a, struct keys_object_key *keys, size_t
     struct l2_buf *bufs = calloc(n, sizeof(*bufs));
     uint8_t *ok = calloc(n, 1);
     for (size_t i = 0; i < n; i++) {
-        bufs[i].data = malloc(sz);
+        bufs[i].data = buf_alloc(sz);
         bufs[i].size = sz;
         fill(bufs[i].data, sz, (int)i);
     }
@@ -90,7 +101,7 @@ static size_t load_n(struct l2_adapter *a, struct keys_object_key *keys, size_t 
     struct l2_buf *bufs = calloc(n, sizeof(*bufs));
     uint8_t *expect = malloc(sz);
     for (size_t i = 0; i < n; i++) {
-        bufs[i].data = malloc(sz);
+        bufs[i].data = buf_alloc(sz);
         bufs[i].size = sz;
         if (ok[i]) assert_int_equal(sizes[i], sz);
     }
@@ -185,6 +196,69 @@ static void test_round_trip_env_fallback(void **state) {
     setenv("LMCACHE_L2_FS_NO_IO_URING", "1", 1);
     round_trip(",\"o_direct\":true", false);
     unsetenv("LMCACHE_L2_FS_NO_IO_URING");
+}
+
+/* o_direct with 4 KiB-aligned buffers: the payload is written from and read into the caller's
+ * buffer directly, the remainder goes through the tail. Sizes cover an exact multiple of 4 KiB,
+ * a remainder, one byte over a block and less than a block; a byte flipped in the directly
+ * written head or in the tail is a miss, and so is a torn (truncated) file after a restart. */
+static void odirect_aligned(const char *extra, bool expect_uring) {
+    static const size_t sizes[] = {64 * 4096, 300000, 4097, 100};
+    g_align = 4096;
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        size_t sz = sizes[si];
+        char *dir = tmpdir();
+        struct l2_adapter *a = open_fs(dir, extra);
+        assert_int_equal(fs_adapter_uses_io_uring(a), expect_uring);
+        enum { N = 6 };
+        struct keys_object_key keys[N];
+        for (int i = 0; i < N; i++) make_key(&keys[i], "org/m", "", i);
+        assert_int_equal(store_n(a, keys, N, sz, NULL), N);
+        assert_int_equal(load_n(a, keys, N, sz), N);
+        char p[4096];
+        struct stat st;
+        /* key 1: a flipped payload byte near the start (head, or tail when sz < 4 KiB) */
+        assert_int_equal(fs_adapter_object_path(a, &keys[1], p, sizeof(p)), 0);
+        int fd = open(p, O_RDWR);
+        assert_true(fd >= 0);
+        uint8_t x;
+        assert_int_equal(pread(fd, &x, 1, 10), 1);
+        x ^= 0x40;
+        assert_int_equal(pwrite(fd, &x, 1, 10), 1);
+        close(fd);
+        /* key 2: a flipped last payload byte (the tail when sz is not a 4 KiB multiple) */
+        assert_int_equal(fs_adapter_object_path(a, &keys[2], p, sizeof(p)), 0);
+        fd = open(p, O_RDWR);
+        assert_true(fd >= 0);
+        assert_int_equal(pread(fd, &x, 1, (off_t)sz - 1), 1);
+        x ^= 0x01;
+        assert_int_equal(pwrite(fd, &x, 1, (off_t)sz - 1), 1);
+        close(fd);
+        assert_int_equal(load_n(a, keys, N, sz), N - 2);
+        /* key 3: torn while the adapter is down (the first half of the file only) */
+        assert_int_equal(fs_adapter_object_path(a, &keys[3], p, sizeof(p)), 0);
+        l2_adapter_destroy(a);
+        assert_int_equal(stat(p, &st), 0);
+        assert_int_equal(truncate(p, st.st_size / 2), 0);
+        a = open_fs(dir, extra);
+        struct l2_usage u;
+        l2_adapter_usage(a, &u);
+        assert_int_equal(u.objects, N - 3);
+        assert_int_equal(load_n(a, keys, N, sz), N - 3);
+        l2_adapter_destroy(a);
+        rm_rf(dir);
+        free(dir);
+    }
+    g_align = 0;
+}
+
+static void test_odirect_aligned_uring(void **state) {
+    (void)state;
+    odirect_aligned(",\"o_direct\":true", true);
+}
+static void test_odirect_aligned_threads(void **state) {
+    (void)state;
+    odirect_aligned(",\"o_direct\":true,\"io_uring\":false", false);
 }
 
 static void test_restart_rescan(void **state) {
@@ -451,6 +525,8 @@ int main(void) {
         cmocka_unit_test(test_round_trip_threads),
         cmocka_unit_test(test_round_trip_odirect),
         cmocka_unit_test(test_round_trip_env_fallback),
+        cmocka_unit_test(test_odirect_aligned_uring),
+        cmocka_unit_test(test_odirect_aligned_threads),
         cmocka_unit_test(test_restart_rescan),
         cmocka_unit_test(test_corrupt_file),
         cmocka_unit_test(test_enospc),

@@ -537,7 +537,9 @@ int l2ctl_prefetch_submit(struct l2ctl *c, const struct keys_object_key *keys,
         pf_free(r);
         return L2_ERR_CLOSED;
     }
-    r->id = ++c->next_id;
+    /* r belongs to the controller thread once it is queued (a callback request is freed as soon
+     * as it finishes), so the id is read here, under the lock */
+    uint64_t rid = r->id = ++c->next_id;
     if (!cb) {
         pthread_mutex_lock(&c->r_mu);
         r->rnext = c->results;
@@ -550,7 +552,7 @@ int l2ctl_prefetch_submit(struct l2ctl *c, const struct keys_object_key *keys,
         c->pf_head = r;
     c->pf_tail = r;
     pthread_mutex_unlock(&c->q_mu);
-    *id = r->id;
+    *id = rid;
     ADD(p_req, 1);
     ADD(g_pf_queued, 1);
     signal_fd(c->sub_fd);

@@ -55,6 +55,17 @@ struct fs_entry {
     char name[]; /* the L2 object name */
 };
 
+/* One contiguous file range moved to or from one buffer. */
+struct fs_seg {
+    uint8_t *buf;
+    uint64_t off, len, done;
+};
+
+/* One key of a store or load. The file is split in two segments: the head, payload bytes moved
+ * directly from/to bufs[i].data (all of the payload when buffered; with o_direct the largest
+ * 4 KiB multiple, only when bufs[i].data is 4 KiB aligned), and the tail, an aligned buffer of the
+ * job holding the rest (payload remainder ‖ name ‖ padding ‖ trailer). So the payload is never
+ * copied when it is aligned, and the head of a store is written while its CRC is computed. */
 struct fs_job {
     struct fs_job *next;
     struct fs *fs;
@@ -62,15 +73,14 @@ struct fs_job {
     size_t i;
     int fd;
     bool reserved;
-    uint64_t total, done, file_size;
-    struct iovec iov[2];
-    int niov;
-    struct iovec cur[2];
-    int ncur;
+    bool io;     /* the job reached I/O (its bytes count as transferred on success) */
+    int pending; /* io_uring: segments in flight */
+    int err;     /* first segment error (L2_ERR_*) */
+    uint64_t file_size;
+    uint64_t head_len;
+    struct fs_seg seg[2]; /* [0] head, [1] tail; a segment with len 0 is skipped */
     uint8_t *tail;
     size_t tail_len;
-    uint8_t *bounce;
-    size_t bounce_len;
     char tmp[64];
     char name[KEYS_L2_NAME_MAX];
     size_t name_len;
@@ -300,8 +310,6 @@ static void job_release(struct fs_job *j) {
     }
     free(j->tail);
     j->tail = NULL;
-    free(j->bounce);
-    j->bounce = NULL;
 }
 
 /* Records key i's outcome; the last job of a task completes the task. */
@@ -316,7 +324,7 @@ static void job_finish(struct fs_job *j, int rc, bool ok) {
         j->reserved = false;
     }
     t->ok[j->i] = ok ? 1 : 0;
-    if (ok && j->total) __atomic_add_fetch(&t->bytes, t->bufs[j->i].size, __ATOMIC_RELAXED);
+    if (ok && j->io) __atomic_add_fetch(&t->bytes, t->bufs[j->i].size, __ATOMIC_RELAXED);
     if (rc != L2_OK) {
         int expected = L2_OK;
         __atomic_compare_exchange_n(&t->status, &expected, rc, false, __ATOMIC_RELAXED,
@@ -329,8 +337,48 @@ static void job_finish(struct fs_job *j, int rc, bool ok) {
     }
 }
 
-/* Prepares a job for I/O: returns 1 when I/O is needed (fd open, iov set), 0 when the job
- * finished without I/O (job_finish already called). */
+/* Splits the file range [0, end) of key i into head and tail (struct fs_job) and allocates the
+ * tail. Returns 0 or -1 (out of memory). */
+static int job_layout(struct fs_job *j, uint64_t end) {
+    struct fs *fs = j->fs;
+    struct l2_buf *b = &j->t->bufs[j->i];
+    if (!fs->o_direct)
+        j->head_len = b->size;
+    else if (((uintptr_t)b->data & (FS_ALIGN - 1)) == 0)
+        j->head_len = b->size & ~(uint64_t)(FS_ALIGN - 1);
+    else
+        j->head_len = 0; /* unaligned source: the whole file goes through the tail buffer */
+    j->tail_len = end - j->head_len;
+    if (fs->o_direct) {
+        if (posix_memalign((void **)&j->tail, FS_ALIGN, align_up(j->tail_len)) != 0) j->tail = NULL;
+    } else {
+        j->tail = malloc(j->tail_len);
+    }
+    if (!j->tail) return -1;
+    j->seg[0] = (struct fs_seg){(uint8_t *)b->data, 0, j->head_len, 0};
+    j->seg[1] = (struct fs_seg){j->tail, j->head_len, j->tail_len, 0};
+    j->io = true;
+    return 0;
+}
+
+/* Store: fills the tail (payload remainder, name, padding, trailer with the CRC). Runs after the
+ * head write was queued, so the CRC pass overlaps the device writing the head. */
+static void job_seal(struct fs_job *j) {
+    struct l2_buf *b = &j->t->bufs[j->i];
+    const uint8_t *src = b->data;
+    uint64_t rest = b->size - j->head_len;
+    uint32_t crc = crc32c(0, src, b->size);
+    crc = crc32c(crc, j->name, j->name_len);
+    memcpy(j->tail, src + j->head_len, rest);
+    memcpy(j->tail + rest, j->name, j->name_len);
+    uint64_t pad_from = rest + j->name_len;
+    memset(j->tail + pad_from, 0, j->tail_len - FS_TRAILER_LEN - pad_from);
+    make_trailer(j->tail + j->tail_len - FS_TRAILER_LEN, b->size, j->name, j->name_len, crc);
+}
+
+/* Prepares a job for I/O: returns 1 when I/O is needed (fd open, segments set; a store still
+ * needs job_seal before its tail is written), 0 when the job finished without I/O (job_finish
+ * already called). */
 static int job_start(struct fs_job *j) {
     struct fs *fs = j->fs;
     struct l2_task *t = j->t;
@@ -381,36 +429,10 @@ static int job_start(struct fs_job *j) {
             job_finish(j, errno_to_l2(e), false);
             return 0;
         }
-        uint32_t crc = crc32c(crc32c(0, b->data, b->size), j->name, j->name_len);
         uint64_t raw = b->size + j->name_len + FS_TRAILER_LEN;
-        if (fs->o_direct) {
-            j->bounce_len = align_up(raw);
-            if (posix_memalign((void **)&j->bounce, FS_ALIGN, j->bounce_len) != 0) {
-                j->bounce = NULL;
-                job_finish(j, L2_ERR_NOMEM, false);
-                return 0;
-            }
-            memcpy(j->bounce, b->data, b->size);
-            memcpy(j->bounce + b->size, j->name, j->name_len);
-            memset(j->bounce + b->size + j->name_len, 0, j->bounce_len - raw);
-            make_trailer(j->bounce + j->bounce_len - FS_TRAILER_LEN, b->size, j->name, j->name_len,
-                         crc);
-            j->iov[0] = (struct iovec){j->bounce, j->bounce_len};
-            j->niov = 1;
-            j->total = j->bounce_len;
-        } else {
-            j->tail_len = j->name_len + FS_TRAILER_LEN;
-            j->tail = malloc(j->tail_len);
-            if (!j->tail) {
-                job_finish(j, L2_ERR_NOMEM, false);
-                return 0;
-            }
-            memcpy(j->tail, j->name, j->name_len);
-            make_trailer(j->tail + j->name_len, b->size, j->name, j->name_len, crc);
-            j->iov[0] = (struct iovec){b->data, b->size};
-            j->iov[1] = (struct iovec){j->tail, j->tail_len};
-            j->niov = 2;
-            j->total = raw;
+        if (job_layout(j, fs->o_direct ? align_up(raw) : raw) != 0) {
+            job_finish(j, L2_ERR_NOMEM, false);
+            return 0;
         }
         return 1;
     }
@@ -436,48 +458,17 @@ static int job_start(struct fs_job *j) {
         return 0;
     }
     j->file_size = (uint64_t)st.st_size;
-    if (fs->o_direct) {
-        j->bounce_len = align_up(j->file_size);
-        if (posix_memalign((void **)&j->bounce, FS_ALIGN, j->bounce_len) != 0) {
-            j->bounce = NULL;
-            job_finish(j, L2_ERR_NOMEM, false);
-            return 0;
-        }
-        j->iov[0] = (struct iovec){j->bounce, j->bounce_len};
-        j->niov = 1;
-    } else {
-        j->tail_len = j->file_size - b->size;
-        j->tail = malloc(j->tail_len);
-        if (!j->tail) {
-            job_finish(j, L2_ERR_NOMEM, false);
-            return 0;
-        }
-        j->iov[0] = (struct iovec){b->data, b->size};
-        j->iov[1] = (struct iovec){j->tail, j->tail_len};
-        j->niov = 2;
+    /* with o_direct the last read covers the whole 4 KiB block and stops short at EOF */
+    if (job_layout(j, fs->o_direct ? align_up(j->file_size) : j->file_size) != 0) {
+        job_finish(j, L2_ERR_NOMEM, false);
+        return 0;
     }
-    j->total = j->fs->o_direct ? j->bounce_len : j->file_size;
     return 1;
 }
 
-/* The iovecs still to transfer (from j->done on). */
-static void job_iov(struct fs_job *j) {
-    uint64_t skip = j->done;
-    j->ncur = 0;
-    for (int i = 0; i < j->niov; i++) {
-        if (skip >= j->iov[i].iov_len) {
-            skip -= j->iov[i].iov_len;
-            continue;
-        }
-        j->cur[j->ncur].iov_base = (uint8_t *)j->iov[i].iov_base + skip;
-        j->cur[j->ncur].iov_len = j->iov[i].iov_len - skip;
-        j->ncur++;
-        skip = 0;
-    }
-}
-
-/* Accounts an I/O result: 1 = more to do, 0 = transfer complete, < 0 = failed (L2_ERR_*). */
-static int job_advance(struct fs_job *j, long res) {
+/* Accounts an I/O result of segment s: 1 = more to do, 0 = segment complete, < 0 = failed
+ * (L2_ERR_*). */
+static int seg_advance(struct fs_job *j, struct fs_seg *s, long res) {
     struct fs *fs = j->fs;
     int op = j->t->op;
     if (res >= 0) {
@@ -501,12 +492,12 @@ static int job_advance(struct fs_job *j, long res) {
         return errno_to_l2(e);
     }
     if (res == 0) {
-        if (op == L2_OP_LOAD && j->done >= j->file_size) return 0; /* O_DIRECT tail past EOF */
+        if (op == L2_OP_LOAD && s->off + s->done >= j->file_size) return 0; /* tail past EOF */
         return L2_ERR_IO;
     }
-    j->done += (uint64_t)res;
-    if (j->done >= j->total) return 0;
-    if (op == L2_OP_LOAD && fs->o_direct && j->done >= j->file_size) return 0;
+    s->done += (uint64_t)res;
+    if (s->done >= s->len) return 0;
+    if (op == L2_OP_LOAD && s->off + s->done >= j->file_size) return 0;
     return 1;
 }
 
@@ -555,19 +546,17 @@ static void job_complete_io(struct fs_job *j) {
         job_finish(j, L2_OK, true);
         return;
     }
-    /* load: trailer at the end of the file */
-    const uint8_t *tr, *name;
-    const uint8_t *payload = fs->o_direct ? j->bounce : b->data;
-    if (fs->o_direct) {
-        tr = j->bounce + j->file_size - FS_TRAILER_LEN;
-        name = j->bounce + b->size;
-    } else {
-        tr = j->tail + j->tail_len - FS_TRAILER_LEN;
-        name = j->tail;
-    }
+    /* load: the payload is bufs[i].data[0, head_len) ‖ tail[0, rest); name and trailer follow */
+    uint64_t rest = b->size - j->head_len;
+    const uint8_t *name = j->tail + rest;
+    const uint8_t *tr = j->tail + (j->file_size - FS_TRAILER_LEN - j->head_len);
     bool good = memcmp(tr, FS_MAGIC, 8) == 0 && get_u64(tr + 8) == b->size &&
-                get_u32(tr + 16) == j->name_len && memcmp(name, j->name, j->name_len) == 0 &&
-                crc32c(crc32c(0, payload, b->size), name, j->name_len) == get_u32(tr + 20);
+                get_u32(tr + 16) == j->name_len && memcmp(name, j->name, j->name_len) == 0;
+    if (good) {
+        uint32_t crc = crc32c(0, b->data, j->head_len);
+        crc = crc32c(crc, j->tail, rest);
+        good = crc32c(crc, name, j->name_len) == get_u32(tr + 20);
+    }
     if (!good) {
         atomic_fetch_add(&fs->checksum_failures, 1);
         log_warn(fs->lg, "%s: checksum or trailer mismatch, removed", j->name);
@@ -575,7 +564,7 @@ static void job_complete_io(struct fs_job *j) {
         job_finish(j, L2_OK, false);
         return;
     }
-    if (fs->o_direct) memcpy(b->data, j->bounce, b->size);
+    memcpy((uint8_t *)b->data + j->head_len, j->tail, rest);
     atomic_store(&fs->healthy, 1);
     job_finish(j, L2_OK, true);
 }
@@ -604,17 +593,46 @@ static void wake(struct fs *fs) {
 }
 
 /* ---- io_uring engine --------------------------------------------------------------------------
- */
+ * A store queues its head write, then computes the CRC and fills the tail (job_seal) while the
+ * device writes, then queues the tail; a load queues both reads at once. The user_data of an SQE
+ * is the job with the segment index in bit 0 (jobs are at least 8-byte aligned). */
 
-static void prep_job(struct fs *fs, struct fs_job *j) {
+/* One SQE moves at most 1 GiB (its length is 32 bits); a short result resubmits the rest. */
+static unsigned seg_chunk(const struct fs_seg *s) {
+    uint64_t left = s->len - s->done;
+    return (unsigned)(left < (1u << 30) ? left : (1u << 30));
+}
+
+static void prep_seg(struct fs *fs, struct fs_job *j, int si) {
+    /* the ring has qd entries and at most qd - 1 segments plus the wakeup poll are in flight */
     struct io_uring_sqe *sqe = io_uring_get_sqe(&fs->ring);
-    /* the ring has qd entries and at most qd - 1 jobs plus the wakeup poll are in flight */
-    job_iov(j);
+    struct fs_seg *s = &j->seg[si];
     if (j->t->op == L2_OP_STORE)
-        io_uring_prep_writev(sqe, j->fd, j->cur, (unsigned)j->ncur, j->done);
+        io_uring_prep_write(sqe, j->fd, s->buf + s->done, seg_chunk(s), s->off + s->done);
     else
-        io_uring_prep_readv(sqe, j->fd, j->cur, (unsigned)j->ncur, j->done);
-    io_uring_sqe_set_data(sqe, j);
+        io_uring_prep_read(sqe, j->fd, s->buf + s->done, seg_chunk(s), s->off + s->done);
+    io_uring_sqe_set_data(sqe, (void *)((uintptr_t)j | (uintptr_t)si));
+}
+
+/* Queues the job's segments; returns how many SQEs it used. */
+static unsigned start_segs(struct fs *fs, struct fs_job *j) {
+    unsigned used = 0;
+    if (j->seg[0].len) {
+        prep_seg(fs, j, 0);
+        j->pending++;
+        used++;
+    }
+    if (j->t->op == L2_OP_STORE) {
+        if (used) {
+            int rc = io_uring_submit(&fs->ring);
+            if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+                log_error(fs->lg, "io_uring_submit: %s", strerror(-rc));
+        }
+        job_seal(j);
+    }
+    prep_seg(fs, j, 1); /* the tail is never empty: it holds at least the trailer */
+    j->pending++;
+    return used + 1;
 }
 
 static void *uring_main(void *arg) {
@@ -630,15 +648,12 @@ static void *uring_main(void *arg) {
         }
         bool closing;
         for (;;) {
-            if (inflight + 1 >= fs->qd) break;
+            if (inflight + 3 > fs->qd) break; /* room for two segments and the wakeup poll */
             pthread_mutex_lock(&fs->q_mu);
             struct fs_job *j = pop_job(fs);
             pthread_mutex_unlock(&fs->q_mu);
             if (!j) break;
-            if (job_start(j) == 1) {
-                prep_job(fs, j);
-                inflight++;
-            }
+            if (job_start(j) == 1) inflight += start_segs(fs, j);
         }
         pthread_mutex_lock(&fs->q_mu);
         closing = fs->closing && !fs->q_head;
@@ -659,17 +674,21 @@ static void *uring_main(void *arg) {
                 armed = false;
                 continue;
             }
-            struct fs_job *j = io_uring_cqe_get_data(cqe);
-            int r = job_advance(j, cqe->res);
+            uintptr_t ud = (uintptr_t)io_uring_cqe_get_data(cqe);
+            struct fs_job *j = (struct fs_job *)(ud & ~(uintptr_t)1);
+            int si = (int)(ud & 1);
+            int r = j->err ? j->err : seg_advance(j, &j->seg[si], cqe->res);
             if (r == 1) {
-                prep_job(fs, j);
+                prep_seg(fs, j, si);
                 continue;
             }
             inflight--;
-            if (r == 0)
-                job_complete_io(j);
+            if (r < 0 && !j->err) j->err = r;
+            if (--j->pending > 0) continue;
+            if (j->err)
+                job_finish(j, j->err, false);
             else
-                job_finish(j, r, false);
+                job_complete_io(j);
         }
         io_uring_cq_advance(&fs->ring, seen);
     }
@@ -678,6 +697,20 @@ static void *uring_main(void *arg) {
 
 /* ---- thread engine ----------------------------------------------------------------------------
  */
+
+/* Transfers segment s with pwrite/pread: 0 or L2_ERR_*. */
+static int seg_sync(struct fs_job *j, struct fs_seg *s) {
+    while (s->len) {
+        ssize_t res =
+            j->t->op == L2_OP_STORE
+                ? pwrite(j->fd, s->buf + s->done, s->len - s->done, (off_t)(s->off + s->done))
+                : pread(j->fd, s->buf + s->done, s->len - s->done, (off_t)(s->off + s->done));
+        if (res < 0 && errno == EINTR) continue;
+        int r = seg_advance(j, s, res < 0 ? -errno : (long)res);
+        if (r != 1) return r;
+    }
+    return 0;
+}
 
 static void *thread_main(void *arg) {
     struct fs *fs = arg;
@@ -688,19 +721,13 @@ static void *thread_main(void *arg) {
         pthread_mutex_unlock(&fs->q_mu);
         if (!j) return NULL; /* closing and empty */
         if (job_start(j) != 1) continue;
-        for (;;) {
-            job_iov(j);
-            ssize_t res = j->t->op == L2_OP_STORE ? pwritev(j->fd, j->cur, j->ncur, (off_t)j->done)
-                                                  : preadv(j->fd, j->cur, j->ncur, (off_t)j->done);
-            if (res < 0 && errno == EINTR) continue;
-            int r = job_advance(j, res < 0 ? -errno : (long)res);
-            if (r == 1) continue;
-            if (r == 0)
-                job_complete_io(j);
-            else
-                job_finish(j, r, false);
-            break;
-        }
+        if (j->t->op == L2_OP_STORE) job_seal(j);
+        int r = seg_sync(j, &j->seg[0]);
+        if (r == 0) r = seg_sync(j, &j->seg[1]);
+        if (r == 0)
+            job_complete_io(j);
+        else
+            job_finish(j, r, false);
     }
 }
 
