@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -306,12 +307,46 @@ static int raw_pipelined(const char *addr, const char *path, const uint8_t *req,
     return bad ? -1 : 0;
 }
 
+/* CPU seconds (user + system) used so far by a child, or by this process when pid is 0. */
+static double cpu_s(pid_t pid) {
+    if (!pid) {
+        struct rusage ru;
+        if (getrusage(RUSAGE_SELF, &ru)) return 0;
+        return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+               (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+    }
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* fields after the command name */
+    unsigned long long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The server whose CPU time the next measurement reports (the master or the echo server). */
+static pid_t g_server;
+
+struct cpu_mark {
+    double server, client;
+};
+
+static struct cpu_mark cpu_mark(void) { return (struct cpu_mark){cpu_s(g_server), cpu_s(0)}; }
+
 static void print_lat(const char *what, unsigned depth, size_t calls, double dt, uint64_t *lat,
-                      const char *extra) {
+                      struct cpu_mark c0, const char *extra) {
+    struct cpu_mark c1 = cpu_mark();
     qsort(lat, calls, sizeof(*lat), cmp_u64);
-    printf("| %s, concurrency %u | %.0f calls/s | p50 %.3f ms | p99 %.3f ms |%s\n", what, depth,
-           (double)calls / dt, (double)lat[calls / 2] / 1e6, (double)lat[calls * 99 / 100] / 1e6,
-           extra);
+    char srv[32] = "?";
+    if (g_server) snprintf(srv, sizeof(srv), "%.0f", (c1.server - c0.server) / calls * 1e6);
+    printf("| %s, concurrency %u | %.0f calls/s | p50 %.3f ms | p99 %.3f ms | CPU/call: server "
+           "%s us, client %.0f us |%s\n",
+           what, depth, (double)calls / dt, (double)lat[calls / 2] / 1e6,
+           (double)lat[calls * 99 / 100] / 1e6, srv, (c1.client - c0.client) / calls * 1e6, extra);
 }
 
 /* One load thread: either MatchExternalKv through a client, or raw calls to addr. */
@@ -397,6 +432,7 @@ static size_t run_match(struct umbp_client **cs, unsigned nthreads, char **unive
                                   .depth = depth / nt,
                                   .lat = lat + t * per};
         uint64_t bytes = 0, matched = 0;
+        struct cpu_mark c0 = cpu_mark();
         double t0 = now_s();
         int rc = run_threads(lt, nt, match_thread, &bytes);
         double dt = now_s() - t0;
@@ -406,7 +442,7 @@ static size_t run_match(struct umbp_client **cs, unsigned nthreads, char **unive
             avg = (size_t)(bytes / calls);
             snprintf(extra, sizeof(extra), " %.1f node matches/call, %zu-byte replies |",
                      (double)matched / (double)calls, avg);
-            print_lat(what, depth, calls, dt, lat, extra);
+            print_lat(what, depth, calls, dt, lat, c0, extra);
         }
     }
     free(q);
@@ -462,6 +498,8 @@ static void run_echo(const char *const *hashes, size_t reply_bytes, size_t calls
     char *args[] = {"lmcache", "master", "bench", "--serve-echo", addr, bytes_arg, NULL};
     /* addr is filled by spawn_self before the exec reads it. */
     pid_t pid = spawn_self(args, addr, sizeof(addr), &port);
+    pid_t master = g_server;
+    g_server = pid;
     uint8_t *req = malloc(256 * 80);
     uint64_t *lat = calloc(calls, sizeof(*lat));
     size_t len = 0;
@@ -484,6 +522,7 @@ static void run_echo(const char *const *hashes, size_t reply_bytes, size_t calls
                                   .depth = depths[d] / nt,
                                   .lat = lat + t * (n / nt)};
         n = n / nt * nt;
+        struct cpu_mark c0 = cpu_mark();
         double t0 = now_s();
         uint64_t got = 0;
         if (run_threads(lt, nt, echo_thread, &got)) {
@@ -493,11 +532,12 @@ static void run_echo(const char *const *hashes, size_t reply_bytes, size_t calls
         char extra[96];
         snprintf(extra, sizeof(extra), " %zu-byte requests, %zu-byte replies |", len,
                  (size_t)(got / n));
-        print_lat(what, depths[d], n, now_s() - t0, lat, extra);
+        print_lat(what, depths[d], n, now_s() - t0, lat, c0, extra);
     }
     free(req);
     free(lat);
     stop_child(pid);
+    g_server = master;
 }
 
 int master_bench_main(int argc, char **argv) {
@@ -537,6 +577,7 @@ int master_bench_main(int argc, char **argv) {
         char *args[] = {"lmcache", "master", addr, "0", NULL};
         pid = spawn_self(args, addr, sizeof(addr), &port);
         if (!pid) return 1;
+        g_server = pid;
     }
     struct umbp_client *nodes[NODES], *qc[MAX_THREADS] = {0};
     char err[256] = "";
@@ -578,7 +619,7 @@ int master_bench_main(int argc, char **argv) {
     }
     long rss0 = pid ? rss_kb(pid) : -1;
     printf("| setup | %zu entries = %zu hashes x %d replicas over %d nodes, 64-char hashes; "
-           "%u client threads, a connection each |\n",
+           "%u client thread(s), a connection each |\n",
            nh * REPLICAS, nh, REPLICAS, NODES, nthreads);
     /* Report: replica r of hash i lives on node (i + r*4) % 16, tier HBM for r even. */
     double t0 = now_s();
