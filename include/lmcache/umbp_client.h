@@ -49,7 +49,8 @@ struct umbp_hit_count {
 };
 
 /* Never blocks: the channel connects on first use. NULL only when out of memory.
- * node_id / node_address may be NULL (a query-only client). */
+ * node_id / node_address may be NULL (a query-only client). Every client has a connection
+ * of its own. */
 struct umbp_client *umbp_client_new(const char *master_address, const char *node_id,
                                     const char *node_address);
 void umbp_client_free(struct umbp_client *c);
@@ -74,7 +75,8 @@ int umbp_revoke_all_external_kv_blocks_at_tier(struct umbp_client *c, const char
                                                enum umbp_tier tier, char *err, size_t errlen);
 int umbp_revoke_all_external_kv_blocks_for_node(struct umbp_client *c, const char *node_id,
                                                 char *err, size_t errlen);
-/* One entry per node. An empty query returns an empty result without an RPC. */
+/* One entry per node, buckets in ascending tier order. An empty query returns an empty
+ * result without an RPC. The result is one allocation: free it with umbp_match_result_free. */
 int umbp_match_external_kv(struct umbp_client *c, const char *const *hashes, size_t n,
                            bool count_as_hit, struct umbp_match_result *out, char *err,
                            size_t errlen);

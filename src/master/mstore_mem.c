@@ -913,7 +913,10 @@ static int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t
         struct xent **bk = sh->b;
         for (uint32_t j = lo; j < hi; j++) {
             struct xent *e = bk[hv[order[j]] & bm];
-            if (e) __builtin_prefetch(e);
+            if (e) { /* header and key: a 64-byte key straddles two lines */
+                __builtin_prefetch(e);
+                __builtin_prefetch((const char *)e + 64);
+            }
         }
         for (uint32_t j = lo; j < hi; j++) {
             uint32_t i = order[j];
