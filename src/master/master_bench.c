@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -471,6 +472,8 @@ static pid_t spawn_self(char *const args[], char *addr, size_t addrlen, int *por
     snprintf(addr, addrlen, "127.0.0.1:%d", *port);
     pid_t pid = fork();
     if (pid == 0) {
+        /* Ends with the bench even if the bench is killed. */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) || getppid() == 1) _exit(127);
         /* The bench's nodes never heartbeat: keep them alive for the whole run. */
         setenv("UMBP_HEARTBEAT_TTL_SEC", "86400", 1);
         execv("/proc/self/exe", args);

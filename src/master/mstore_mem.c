@@ -929,6 +929,10 @@ static int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t
             uint32_t i = order[j];
             struct xent *e = ent[i];
             if (!e) continue;
+            if (nh + e->nplace > UINT32_MAX / 4) { /* slot map and offsets are 32-bit */
+                rc = -1;
+                break;
+            }
             if (nh + e->nplace > hcap) {
                 size_t nc = (nh + e->nplace) * 2;
                 void *p = realloc(h, nc * sizeof(*h));
