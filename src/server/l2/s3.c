@@ -212,6 +212,8 @@ typedef void (*s3_done_fn)(struct s3 *s, struct s3_req *r);
 
 /* One HTTP request. Owned by a job (task), a sync waiter (delete/list) or the I/O thread
  * (probe). */
+#define S3_RETRIES 3
+
 struct s3_req {
     struct s3_req *next;          /* submission / pending queue */
     struct s3_req *aprev, *anext; /* the I/O thread's list of started requests */
@@ -238,7 +240,8 @@ struct s3_req {
     s3_done_fn done;
     void *owner;
     size_t idx;
-    int phase; /* delete: 0 = HEAD, 1 = DELETE */
+    int phase;    /* delete: 0 = HEAD, 1 = DELETE */
+    int attempts; /* retries spent on 5xx answers */
     uint64_t size;
     char name[KEYS_L2_NAME_MAX];
 };
@@ -668,6 +671,28 @@ static void req_finish(struct s3 *s, struct s3_req *r) {
     }
     curl_slist_free_all(r->hdrs);
     r->hdrs = NULL;
+    /* S3 asks clients to retry 500/502/503/504 (InternalError, SlowDown, ...). Every request we
+     * send is idempotent, so it is sent again as it was, up to S3_RETRIES times. */
+    if (r->method != M_PROBE && !r->closed && !r->rejected && r->cc == CURLE_OK && r->http >= 500 &&
+        r->http <= 504 && r->http != 501 && r->attempts < S3_RETRIES) {
+        r->attempts++;
+        long was = r->http;
+        r->src_off = 0;
+        r->dst_len = 0;
+        r->overflow = false;
+        r->started = false;
+        r->http = 0;
+        r->content_length = -1;
+        r->curl_err[0] = 0;
+        sb_free(&r->body);
+        struct s3_req *one = r;
+        if (enqueue(s, &one, 1) == L2_OK) {
+            log_debug(s3_log(), "%s %s: HTTP %ld, retrying (%d of %d)", method_name(r->method),
+                      r->url, was, r->attempts, S3_RETRIES);
+            return;
+        }
+        r->http = was; /* shutting down: report the failure */
+    }
     req_account(s, r);
     r->done(s, r);
 }
