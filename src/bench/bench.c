@@ -2,7 +2,10 @@
 #include "bench/bench.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "base/clock.h"
 
 #include "master/master.h"
 
@@ -39,4 +42,32 @@ int bench_main(int argc, char **argv) {
     fprintf(stderr, "lmcache bench: unknown benchmark '%s'\n", argv[1]);
     usage(stderr);
     return 2;
+}
+
+double bench_memcpy_gbps(uint64_t object, double seconds) {
+    size_t n = 64u << 20;
+    if (n < object) n = (size_t)object;
+    if (object == 0) object = n;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    uint64_t t0 = clock_mono_ns(), bytes = 0, off = 0;
+    while (clock_mono_ns() - t0 < (uint64_t)(seconds * 1e9)) {
+        if (off + object > n) off = 0;
+        memcpy(b + off, a + off, object);
+        a[off]++; /* a changing source keeps the copies from being folded away */
+        off += object;
+        bytes += object;
+    }
+    double s = (double)(clock_mono_ns() - t0) / 1e9;
+    volatile char sink = b[n / 2];
+    (void)sink;
+    free(a);
+    free(b);
+    return (double)bytes / s / 1e9;
 }

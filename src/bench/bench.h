@@ -16,4 +16,10 @@ int bench_s3_main(int argc, char **argv);
 /* `lmcache bench dax`: store and load GB/s of the Device-DAX L2 adapter against memcpy. */
 int bench_dax_main(int argc, char **argv);
 
+#include <stdint.h>
+
+/* Single-thread memcpy GB/s over `seconds`: the reference every benchmark prints beside its own
+ * figures. object = bytes per copy (0: whole 64 MiB buffers). */
+double bench_memcpy_gbps(uint64_t object, double seconds);
+
 #endif

@@ -26,33 +26,6 @@ struct opts {
     const char *dir, *device;
 };
 
-static double memcpy_gbps(uint64_t object, double seconds) {
-    size_t n = 64u << 20;
-    if (n < object) n = object;
-    char *a = malloc(n), *b = malloc(n);
-    if (!a || !b) {
-        free(a);
-        free(b);
-        return 0;
-    }
-    memset(a, 1, n);
-    memset(b, 2, n);
-    uint64_t t0 = clock_mono_ns(), bytes = 0, off = 0;
-    while (clock_mono_ns() - t0 < (uint64_t)(seconds * 1e9)) {
-        if (off + object > n) off = 0;
-        memcpy(b + off, a + off, object);
-        a[off]++;
-        off += object;
-        bytes += object;
-    }
-    double s = (double)(clock_mono_ns() - t0) / 1e9;
-    volatile char sink = b[n / 2];
-    (void)sink;
-    free(a);
-    free(b);
-    return (double)bytes / s / 1e9;
-}
-
 static struct keys_object_key key_of(unsigned i) {
     struct keys_object_key k;
     memset(&k, 0, sizeof(k));
@@ -191,7 +164,7 @@ int bench_dax_main(int argc, char **argv) {
                "%d tasks x %d keys in flight\n",
                path, (double)o.arena / (1 << 20), (unsigned long long)(object >> 10), nkeys,
                o.workers, INFLIGHT, BATCH);
-        double mc = memcpy_gbps(object, o.seconds);
+        double mc = bench_memcpy_gbps(object, o.seconds);
         uint64_t f1, f2, f3;
         double first = run(a, L2_OP_STORE, nkeys, object, buffers, 0, 0, &f1);
         double load = run(a, L2_OP_LOAD, nkeys, object, buffers, 1, o.seconds, &f2);
@@ -202,7 +175,7 @@ int bench_dax_main(int argc, char **argv) {
             free(all);
         }
         double warm = run(a, L2_OP_STORE, nkeys, object, buffers, 0, 0, &f3);
-        double mc2 = memcpy_gbps(object, o.seconds);
+        double mc2 = bench_memcpy_gbps(object, o.seconds);
         printf("%-34s %8s\n", "measure", "GB/s");
         printf("%-34s %8.2f\n", "memcpy DRAM->DRAM (before)", mc);
         printf("%-34s %8.2f\n", "dax store, first touch", first);

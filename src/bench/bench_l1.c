@@ -22,30 +22,6 @@ struct opts {
     uint64_t obj; /* object size */
 };
 
-static double memcpy_gbps(double seconds) {
-    size_t n = 64 * MiB;
-    char *a = malloc(n), *b = malloc(n);
-    if (!a || !b) {
-        free(a);
-        free(b);
-        return 0;
-    }
-    memset(a, 1, n);
-    memset(b, 2, n);
-    uint64_t t0 = clock_mono_ns(), bytes = 0;
-    while (clock_mono_ns() - t0 < (uint64_t)(seconds * 1e9)) {
-        memcpy(b, a, n);
-        a[bytes % n]++;
-        bytes += n;
-    }
-    double s = (double)(clock_mono_ns() - t0) / 1e9;
-    volatile char sink = b[n / 2]; /* keeps the copies observable */
-    (void)sink;
-    free(a);
-    free(b);
-    return (double)bytes / s / 1e9;
-}
-
 /* Alloc/free pairs with ~4096 live objects of 1..64 units in a 4 GiB (virtual) arena. */
 static double alloc_ops(double seconds) {
     struct arena_config cfg = {.size_bytes = 4096 * MiB};
@@ -150,7 +126,7 @@ int bench_l1_main(int argc, char **argv) {
         fprintf(stderr, "lmcache bench l1: --prompts >= 2 and --seconds >= 1\n");
         return 2;
     }
-    printf("memcpy reference (64 MiB buffers): %.2f GB/s\n", memcpy_gbps(o.seconds));
+    printf("memcpy reference (64 MiB buffers): %.2f GB/s\n", bench_memcpy_gbps(0, o.seconds));
     printf("allocator, 1 thread, 4096 live objects of 1-64 units: %.2f M ops/s\n",
            alloc_ops(o.seconds) / 1e6);
 

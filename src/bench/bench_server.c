@@ -740,30 +740,6 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-static double memcpy_gbps(double seconds) {
-    size_t n = 64 * MiB;
-    char *a = malloc(n), *b = malloc(n);
-    if (!a || !b) {
-        free(a);
-        free(b);
-        return 0;
-    }
-    memset(a, 1, n);
-    memset(b, 2, n);
-    uint64_t t0 = clock_mono_ns(), bytes = 0;
-    while (clock_mono_ns() - t0 < (uint64_t)(seconds * 1e9)) {
-        memcpy(b, a, n);
-        a[bytes % n]++;
-        bytes += n;
-    }
-    double s = (double)(clock_mono_ns() - t0) / 1e9;
-    volatile char sink = b[n / 2];
-    (void)sink;
-    free(a);
-    free(b);
-    return (double)bytes / s / 1e9;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -801,7 +777,7 @@ static int run_throughput(const struct opts *o) {
            o->clients, o->prompts, (unsigned long long)sh.nchunks, (unsigned long long)chunk,
            o->layers, o->kv_heads, o->head_dim, o->dtype_bytes, o->tokens_per_block, o->block_order,
            (double)sh.chunk_obj / MiB, ws / (1 << 30), o->bytes_path ? "twice that" : "it");
-    double ref_before = memcpy_gbps(1.0);
+    double ref_before = bench_memcpy_gbps(0, 1.0);
 
     pthread_barrier_t bar;
     if (pthread_barrier_init(&bar, NULL, (unsigned)o->clients + 1) != 0) return 1;
@@ -854,7 +830,7 @@ static int run_throughput(const struct opts *o) {
     }
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     /* The reference is taken before and after the phases; ratios use the higher one. */
-    double ref_after = memcpy_gbps(1.0);
+    double ref_after = bench_memcpy_gbps(0, 1.0);
     double ref = ref_before > ref_after ? ref_before : ref_after;
     printf("memcpy reference (1 thread, 64 MiB buffers): %.2f GB/s before, %.2f GB/s after\n",
            ref_before, ref_after);

@@ -1,6 +1,8 @@
 /* ObjectKey validation, the SHA-256 chunk-hash chain, L2 object names and the intern table. */
 #include "server/keys.h"
 
+#include "base/errbuf.h"
+
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <pthread.h>
@@ -11,15 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#define set_err errbuf_set
 
 /* ---- chunk hashing -------------------------------------------------------------------------- */
 

@@ -30,6 +30,7 @@
  * model -- a freed block is exactly the size of the next request of that layout, so the arena
  * can be filled completely. The soak test in tests/unit/test_l1_arena.c measures the largest
  * free block against free memory for a random mix. */
+#include "base/errbuf.h"
 #include "server/l1/arena.h"
 
 #include <errno.h>
@@ -72,15 +73,7 @@ struct arena {
     uint64_t nfree_blocks;
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#define set_err errbuf_set
 
 static inline uint32_t flog2(uint32_t x) { return 31u - (uint32_t)__builtin_clz(x); }
 

@@ -15,6 +15,7 @@
  * locked candidate is moved to the MRU end (it is in use), so repeated passes make progress and
  * a pass over n entries examines each at most once. All counts of victims examined are bounded
  * by the caller (alloc_evict_max, or the list length at the start of a tick). */
+#include "base/errbuf.h"
 #include "server/l1/l1.h"
 
 #include <assert.h>
@@ -106,15 +107,7 @@ struct l1 {
     _Atomic uint64_t reclaimed, ticks, triggered;
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#define set_err errbuf_set
 
 static inline void cnt_add(_Atomic uint64_t *c, uint64_t v) {
     atomic_fetch_add_explicit(c, v, memory_order_relaxed);
