@@ -326,6 +326,76 @@ static void observe_throughput(struct engine *e, int store, const char *model, u
                    (double)bytes / dt);
 }
 
+/* Admits chunks [cr->start_chunk, cr->end_chunk) of one rank into L1 (resident keys and keys
+ * another writer holds are skipped), then queues what it admitted for write-through to L2.
+ * size_of/fill give chunk i's size and copy its bytes into the staging object. Returns 0, or -1
+ * with o->err set; the chunks before a failure stay stored. */
+static int store_chunks(struct op_ctx *o, const struct chunk_range *cr, const char *model,
+                        uint32_t ws, uint32_t rank, uint64_t (*size_of)(void *arg, uint32_t i),
+                        void (*fill)(void *arg, uint32_t i, void *dst), void *arg, int64_t *stored,
+                        int64_t *skipped, uint64_t *bytes) {
+    struct wt_batch wt;
+    wt_init(o, &wt, cr->end_chunk - cr->start_chunk);
+    int rc = 0;
+    for (uint32_t ch = cr->start_chunk; ch < cr->end_chunk; ch++) {
+        uint32_t i = ch - cr->start_chunk;
+        struct l1_key key;
+        struct l1_ref ref;
+        if (make_key2(o, cr, ch, model, ws, rank, &key, wt.keys ? &wt.keys[wt.n] : NULL) < 0) {
+            rc = -1;
+            break;
+        }
+        uint64_t size = size_of(arg, i);
+        int w = l1_reserve_write(o->e->l1, &key, size, false, o->now, &ref);
+        if (w == L1_EXISTS || w == L1_ERR_BUSY) { /* resident, or being written by another */
+            (*skipped)++;
+            continue;
+        }
+        if (w != L1_OK) {
+            dp_fail(o->err, w == L1_ERR_NOMEM ? DP_OUT_OF_MEMORY : DP_BAD_REQUEST, "L1: %s",
+                    l1_strerror(w));
+            rc = -1;
+            break;
+        }
+        fill(arg, i, ref.data);
+        if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
+            (*stored)++;
+            *bytes += size;
+            if (wt.keys) wt.l1keys[wt.n++] = key;
+        }
+    }
+    wt_flush(o, &wt);
+    return rc;
+}
+
+/* store: chunks gathered from a registered engine cache. */
+struct gather_src {
+    const struct kv_context *c;
+    uint32_t cs, per;
+    const uint32_t *blocks;
+};
+
+static uint64_t gather_size(void *arg, uint32_t i) {
+    (void)i;
+    const struct gather_src *g = arg;
+    return kv_object_bytes(&g->c->layout, g->cs);
+}
+
+static void gather_fill(void *arg, uint32_t i, void *dst) {
+    const struct gather_src *g = arg;
+    kv_gather(g->c, g->cs, g->blocks + (size_t)i * g->per, dst);
+}
+
+/* store_bytes: chunks carried in the message (msgpack bins). */
+static uint64_t bin_size(void *arg, uint32_t i) {
+    return ((const msgpack_object *)arg)[i].via.bin.size;
+}
+
+static void bin_fill(void *arg, uint32_t i, void *dst) {
+    const msgpack_object *b = &((const msgpack_object *)arg)[i];
+    memcpy(dst, b->via.bin.ptr, b->via.bin.size);
+}
+
 static int op_store(struct op_ctx *o) {
     struct chunk_range cr;
     uint32_t *blocks = NULL;
@@ -336,38 +406,11 @@ static int op_store(struct op_ctx *o) {
     if (parse_range(o, &cr) < 0) goto out;
     if (parse_blocks(o, c, &cr, &blocks) < 0) goto out_range;
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
-    uint64_t size = kv_object_bytes(&c->layout, cs), t0 = clock_mono_ns(), bytes = 0;
+    uint64_t t0 = clock_mono_ns(), bytes = 0;
+    struct gather_src gs = {c, cs, per, blocks};
     int64_t stored = 0, skipped = 0;
-    struct wt_batch wt;
-    wt_init(o, &wt, cr.end_chunk - cr.start_chunk);
-    rc = 0;
-    for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
-        struct l1_key key;
-        struct l1_ref ref;
-        if (make_key2(o, &cr, ch, c->model_name, c->world_size, c->worker_id, &key,
-                      wt.keys ? &wt.keys[wt.n] : NULL) < 0) {
-            rc = -1;
-            break;
-        }
-        int w = l1_reserve_write(o->e->l1, &key, size, false, o->now, &ref);
-        if (w == L1_EXISTS || w == L1_ERR_BUSY) { /* resident, or being written by another */
-            skipped++;
-            continue;
-        }
-        if (w != L1_OK) {
-            dp_fail(o->err, w == L1_ERR_NOMEM ? DP_OUT_OF_MEMORY : DP_INTERNAL, "L1: %s",
-                    l1_strerror(w));
-            rc = -1;
-            break;
-        }
-        kv_gather(c, cs, blocks + (size_t)(ch - cr.start_chunk) * per, ref.data);
-        if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
-            stored++;
-            bytes += size;
-            if (wt.keys) wt.l1keys[wt.n++] = key;
-        }
-    }
-    wt_flush(o, &wt);
+    rc = store_chunks(o, &cr, c->model_name, c->world_size, c->worker_id, gather_size, gather_fill,
+                      &gs, &stored, &skipped, &bytes);
     dp_put_int(o->r, "stored_chunks", stored);
     dp_put_int(o->r, "skipped_chunks", skipped);
     observe_throughput(o->e, 1, c->model_name, bytes, t0);
@@ -490,36 +533,8 @@ static int op_store_bytes(struct op_ctx *o) {
         }
     uint64_t t0 = clock_mono_ns(), bytes = 0;
     int64_t stored = 0, skipped = 0;
-    struct wt_batch wt;
-    wt_init(o, &wt, n);
-    for (uint32_t i = 0; i < n; i++) {
-        struct l1_key key;
-        struct l1_ref ref;
-        if (make_key2(o, &cr, cr.start_chunk + i, model, ws, rank, &key,
-                      wt.keys ? &wt.keys[wt.n] : NULL) < 0) {
-            rc = -1;
-            break;
-        }
-        uint32_t size = chunks[i].via.bin.size;
-        int w = l1_reserve_write(o->e->l1, &key, size, false, o->now, &ref);
-        if (w == L1_EXISTS || w == L1_ERR_BUSY) {
-            skipped++;
-            continue;
-        }
-        if (w != L1_OK) {
-            dp_fail(o->err, w == L1_ERR_NOMEM ? DP_OUT_OF_MEMORY : DP_BAD_REQUEST, "L1: %s",
-                    l1_strerror(w));
-            rc = -1;
-            break;
-        }
-        memcpy(ref.data, chunks[i].via.bin.ptr, size);
-        if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
-            stored++;
-            bytes += size;
-            if (wt.keys) wt.l1keys[wt.n++] = key;
-        }
-    }
-    wt_flush(o, &wt);
+    rc = store_chunks(o, &cr, model, ws, rank, bin_size, bin_fill, (void *)chunks, &stored,
+                      &skipped, &bytes);
     dp_put_int(o->r, "stored_chunks", stored);
     dp_put_int(o->r, "skipped_chunks", skipped);
     observe_throughput(o->e, 1, model, bytes, t0);
