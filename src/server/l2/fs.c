@@ -12,9 +12,9 @@
  * (the trailer holds the real name either way). The mapping is reversible and never creates a
  * directory.
  *
- * Threads: one `l2-fs-uring` thread owning the ring (it opens, prepares SQEs, reaps CQEs,
- * verifies, renames), or `io_threads` `l2-fs-io` threads doing pwritev/preadv. Locks: q_mu
- * (pending job list) and idx_mu (index, capacity reservation; rename/unlink happen under it so
+ * Threads: one `l2-fs-uring` thread owning the ring (it opens, prepares SQEs, computes CRCs,
+ * reaps CQEs, verifies, renames), or `io_threads` `l2-fs-io` threads doing pwrite/pread. Locks:
+ * q_mu (pending job list) and idx_mu (index, capacity reservation; rename/unlink happen under it so
  * index and directory agree) are never nested; idx_mu is held while notifying listeners, so the
  * order is idx_mu -> base acct_mu -> listener locks. */
 #include "server/l2/fs.h"
@@ -1089,7 +1089,7 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
     if (get_bool(config, "o_direct", false, &o_direct, err, errlen) < 0 ||
         get_bool(config, "io_uring", true, &use_uring, err, errlen) < 0 ||
         get_uint(config, "queue_depth", 64, 4, 4096, &qd, err, errlen) < 0 ||
-        get_uint(config, "io_threads", 2, 1, 256, &nthreads, err, errlen) < 0)
+        get_uint(config, "io_threads", 4, 1, 256, &nthreads, err, errlen) < 0)
         return L2_ERR_INVAL;
     if (l2_config_capacity(config, "max_capacity_gb", &cap, err, errlen) != L2_OK)
         return L2_ERR_INVAL;

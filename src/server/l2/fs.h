@@ -5,7 +5,7 @@
  *
  * Config (one --l2-adapter JSON object):
  *   type "fs", base_path (required; created if missing), max_capacity_gb (0 = unlimited),
- *   o_direct (false), queue_depth (io_uring entries, 64), io_threads (fallback threads, 2),
+ *   o_direct (false), queue_depth (io_uring entries, 64), io_threads (fallback threads, 4),
  *   io_uring (true; false forces the thread fallback, as does LMCACHE_L2_FS_NO_IO_URING=1),
  *   eviction {...} (read by the controller). */
 #ifndef LMCACHE_SERVER_L2_FS_H
