@@ -59,6 +59,7 @@ struct fs_entry {
 struct fs_seg {
     uint8_t *buf;
     uint64_t off, len, done;
+    struct iovec iov; /* io_uring: the part still to move (readv/writev work on kernels 5.1+) */
 };
 
 /* One key of a store or load. The file is split in two segments: the head, payload bytes moved
@@ -355,8 +356,8 @@ static int job_layout(struct fs_job *j, uint64_t end) {
         j->tail = malloc(j->tail_len);
     }
     if (!j->tail) return -1;
-    j->seg[0] = (struct fs_seg){(uint8_t *)b->data, 0, j->head_len, 0};
-    j->seg[1] = (struct fs_seg){j->tail, j->head_len, j->tail_len, 0};
+    j->seg[0] = (struct fs_seg){.buf = b->data, .off = 0, .len = j->head_len};
+    j->seg[1] = (struct fs_seg){.buf = j->tail, .off = j->head_len, .len = j->tail_len};
     j->io = true;
     return 0;
 }
@@ -607,10 +608,11 @@ static void prep_seg(struct fs *fs, struct fs_job *j, int si) {
     /* the ring has qd entries and at most qd - 1 segments plus the wakeup poll are in flight */
     struct io_uring_sqe *sqe = io_uring_get_sqe(&fs->ring);
     struct fs_seg *s = &j->seg[si];
+    s->iov = (struct iovec){s->buf + s->done, seg_chunk(s)};
     if (j->t->op == L2_OP_STORE)
-        io_uring_prep_write(sqe, j->fd, s->buf + s->done, seg_chunk(s), s->off + s->done);
+        io_uring_prep_writev(sqe, j->fd, &s->iov, 1, s->off + s->done);
     else
-        io_uring_prep_read(sqe, j->fd, s->buf + s->done, seg_chunk(s), s->off + s->done);
+        io_uring_prep_readv(sqe, j->fd, &s->iov, 1, s->off + s->done);
     io_uring_sqe_set_data(sqe, (void *)((uintptr_t)j | (uintptr_t)si));
 }
 
