@@ -358,8 +358,13 @@ int engine_start_caches(struct engine *e, char *errbuf, size_t errlen) {
         l2c.prefetch_max_in_flight = (uint32_t)c->l2_prefetch_max_in_flight;
         l2c.store_policy =
             strcmp(c->l2_store_policy, "skip_l1") == 0 ? L2CTL_STORE_SKIP_L1 : L2CTL_STORE_DEFAULT;
-        if (l2ctl_create(&l2c, c->l2_adapter, &e->l2ctl, err, sizeof(err)) != L2_OK ||
-            l2ctl_start(e->l2ctl, err, sizeof(err)) != L2_OK) {
+        int rc = l2ctl_create(&l2c, c->l2_adapter, &e->l2ctl, err, sizeof(err));
+        if (rc != L2_OK) {
+            snprintf(errbuf, errlen, "argument --l2-adapter: %s", err);
+            /* A configuration the adapter rejects is a bad option value. */
+            return rc == L2_ERR_INVAL || rc == L2_ERR_UNKNOWN_TYPE ? ENGINE_ERR_CONFIG : -1;
+        }
+        if (l2ctl_start(e->l2ctl, err, sizeof(err)) != L2_OK) {
             snprintf(errbuf, errlen, "L2: %s", err);
             return -1;
         }
@@ -406,7 +411,6 @@ static void *prefault_main(void *arg) {
 int engine_start(struct engine *e, char *errbuf, size_t errlen) {
     const struct server_config *c = e->cfg;
     char err[256];
-    if (engine_start_caches(e, errbuf, errlen) < 0) return -1;
     if (c->l1_prefault && pthread_create(&e->prefault_tid, NULL, prefault_main, e) == 0)
         e->prefault_started = 1;
     if (periodic_start(e->periodic, "l1-evictor", PERIODIC_HIGH, 0.1, l1_evictor_tick, e, err,

@@ -94,10 +94,14 @@ struct engine {
 /* Creates the parts that the admin API needs before the engine is ready
  * (metrics, periodic registry). Returns 0 or -1 with errbuf. */
 int engine_create(struct engine *e, const struct server_config *cfg, char *errbuf, size_t errlen);
-/* Creates the caches and their metrics, without threads or sockets (tests and fuzzers use
- * this alone; engine_start calls it first). */
+/* Creates the caches (L1, L2 adapters) and their metrics, without the data socket or the
+ * periodic threads; the daemon calls it before binding any port, tests and fuzzers alone.
+ * Returns 0, ENGINE_ERR_CONFIG when an adapter rejects its --l2-adapter configuration, or -1
+ * for other failures, with errbuf filled. */
+#define ENGINE_ERR_CONFIG (-2)
 int engine_start_caches(struct engine *e, char *errbuf, size_t errlen);
-/* Brings the cache up (memory, background jobs, data socket) and marks the engine ready. */
+/* After engine_start_caches: starts the background jobs and the data socket, and marks the
+ * engine ready. */
 int engine_start(struct engine *e, char *errbuf, size_t errlen);
 int engine_is_ready(const struct engine *e);
 /* Stops background jobs and releases everything. */

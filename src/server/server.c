@@ -56,6 +56,15 @@ int server_main(int argc, char **argv) {
         config_free(&cfg);
         return 1;
     }
+    /* Caches first: an L2 adapter that rejects its configuration is a bad option value, reported
+     * before any port is bound. */
+    int crc = engine_start_caches(&engine, err, sizeof(err));
+    if (crc < 0) {
+        fprintf(stderr, "lmcache server: error: %s\n", err);
+        engine_destroy(&engine);
+        config_free(&cfg);
+        return crc == ENGINE_ERR_CONFIG ? 2 : 1;
+    }
     struct admin *admin = admin_start(&engine, cfg.http_host, (int)cfg.http_port, err, sizeof(err));
     if (!admin) {
         log_error(lg, "HTTP admin API: %s", err);

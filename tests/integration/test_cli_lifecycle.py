@@ -107,3 +107,21 @@ def test_configuration_doc_matches_option_table():
     start = doc.index("\n", doc.index("<!-- BEGIN OPTIONS")) + 1
     end = doc.index("<!-- END OPTIONS")
     assert doc[start:end] == gen, "regenerate the table with lmcache server --help-markdown"
+
+
+@pytest.mark.parametrize("adapter,named", [
+    ('{"type": "fs"}', "base_path"),
+    ('{"type": "fs", "base_path": "/tmp/x", "eviction": {"eviction_policy": "FIFO"}}',
+     "eviction"),
+])
+def test_bad_l2_adapter_config_exits_2_before_binding(adapter, named):
+    port, zport = free_port(), free_port()
+    p = subprocess.run([BIN, "server", "--l1-size-gb", "0.1", "--eviction-policy", "LRU",
+                        "--http-port", str(port), "--port", str(zport), "--l2-adapter", adapter],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2, p.stderr
+    err = [l for l in p.stderr.splitlines() if l.startswith("lmcache server: error:")]
+    assert len(err) == 1 and "--l2-adapter" in err[0] and named in err[0], p.stderr
+    for prt in (port, zport):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", prt))
