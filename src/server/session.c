@@ -117,16 +117,15 @@ void session_job_done(struct session_table *t, const char *id, uint32_t hits) {
 }
 
 int session_take_lock(struct session_table *t, const char *id, uint32_t chunk, uint32_t rank,
-                      struct l1_key *key) {
+                      const struct l1_key *key) {
     int got = 0;
     pthread_mutex_lock(&t->lock);
     struct session *s = do_find(t, id);
     if (s && chunk >= s->start_chunk && chunk - s->start_chunk < s->locked_chunks &&
         rank < s->world_size) {
         struct session_obj *o = &s->objs[(size_t)(chunk - s->start_chunk) * s->world_size + rank];
-        if (o->locks > 0) {
+        if (o->locks > 0 && memcmp(&o->key, key, sizeof(*key)) == 0) {
             o->locks--;
-            *key = o->key;
             got = 1;
         }
     }

@@ -71,10 +71,12 @@ void session_prefetch_done(struct session_table *t, const char *id, uint64_t gen
                            void (*release)(const struct l1_key *key, uint32_t locks, void *arg),
                            void *arg);
 
-/* Takes one of the session's locks on (absolute chunk, rank): 1 when it held one (the caller
- * now owns that lock and releases it after its copy), 0 otherwise. */
+/* Takes one of the session's locks on (absolute chunk, rank) if the object the lookup locked
+ * there is `key`: 1 when it held one (the caller now owns that lock and releases it after its
+ * copy), 0 otherwise (no such lock, or the request names another object: another salt, model or
+ * prompt than its lookup). */
 int session_take_lock(struct session_table *t, const char *id, uint32_t chunk, uint32_t rank,
-                      struct l1_key *key);
+                      const struct l1_key *key);
 /* Hands back every lock the session holds on chunks [from, to) (absolute) for one rank, or all
  * ranks when rank < 0: fn is called per object with its lock count after the table lock is
  * dropped. Returns the number of locks released. */

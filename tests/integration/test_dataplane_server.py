@@ -218,3 +218,90 @@ def test_reaper_drops_silent_registrations(dp):
     finally:
         c.close()
         kv.close()
+
+
+def test_retrieve_cannot_read_another_tenants_object(dp):
+    """Regression: a retrieve with request_id used the object its lookup locked even when the
+    retrieve named another salt, handing one tenant another tenant's bytes."""
+    s, c = dp()
+    toks = prompt(11, 1)
+    c.call("store_bytes", model_name="m", cache_salt="x", token_ids=toks, chunks=[b"X" * 512])
+    c.call("store_bytes", model_name="m", cache_salt="", token_ids=toks, chunks=[b"Y" * 512])
+    c.call("lookup", request_id="r1", model_name="m", cache_salt="x", token_ids=toks)
+    c.call("lookup", request_id="r2", model_name="m", cache_salt="", token_ids=toks)
+    got = c.call("retrieve_bytes", model_name="m", cache_salt="", token_ids=toks,
+                 request_id="r1")["chunks"]
+    assert got == []  # r1 holds no lock on the salt-"" object
+    assert s.get("/status").json()["storage_manager"]["l1"]["read_locked_objects"] == 2
+    assert c.call("retrieve_bytes", model_name="m", cache_salt="", token_ids=toks,
+                  request_id="r2")["chunks"] == [b"Y" * 512]
+    assert c.call("retrieve_bytes", model_name="m", cache_salt="x", token_ids=toks,
+                  request_id="r1")["chunks"] == [b"X" * 512]
+    c.close()
+
+
+def test_reregister_after_the_engine_recreated_its_shm(dp):
+    """Regression: re-registering the same name and layout kept the old, unlinked mapping."""
+    import os
+    s, c = dp()
+    kv = ShmKV()
+    try:
+        c.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())
+        name = kv.name
+        kv.close()  # the engine restarts: unlink, recreate with the same name and layout
+        kv2 = ShmKV()
+        os.unlink("/dev/shm" + kv2.name)
+        kv2.mem.close()
+        os.close(kv2.fd)
+        kv2.name = name
+        kv2.fd = os.open("/dev/shm" + name, os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(kv2.fd, kv2.size)
+        import mmap
+        kv2.mem = mmap.mmap(kv2.fd, kv2.size)
+        c.call("register_kv_cache", instance_id=1, model_name="m", **kv2.layout())
+        per = CHUNK // kv2.tpb
+        blocks = list(range(per))
+        kv2.fill_blocks(blocks, "NEW")
+        want = kv2.read_blocks(blocks)
+        toks = prompt(12, 1)
+        c.call("store", instance_id=1, token_ids=toks, block_ids=blocks)
+        kv2.zero()
+        c.call("retrieve", instance_id=1, token_ids=toks, block_ids=blocks)
+        assert kv2.read_blocks(blocks) == want
+        kv2.close()
+    finally:
+        c.close()
+
+
+def test_shrunk_shared_memory_is_an_error_not_a_crash(dp):
+    """Regression: an engine that shrank its registered object made the next copy SIGBUS."""
+    import os
+    s, c = dp()
+    kv = ShmKV()
+    try:
+        c.call("register_kv_cache", instance_id=2, model_name="m", **kv.layout())
+        os.ftruncate(kv.fd, 0)
+        r = c.raw("store", {"instance_id": 2, "token_ids": prompt(13, 1),
+                            "block_ids": list(range(CHUNK // kv.tpb))})
+        assert r["ok"] is False and r["code"] == "shm_error"
+        r = s.post("/cache/checksums", json={"block_ids": [0, 1], "chunk_size": 2,
+                                            "instance_id": 2})
+        assert r.status_code == 404
+        assert s.get("/healthcheck").status_code == 200
+        assert c.call("noop")["result"] == "OK"
+    finally:
+        c.close()
+        kv.close()
+
+
+def test_kv_readers_cap_and_unknown_operation_reply_is_decodable(dp):
+    s, c = dp()
+    r = c.raw("lookup", {"request_id": "a", "model_name": "m", "token_ids": prompt(1, 1),
+                         "num_kv_readers": 65535})
+    assert r["ok"] is False and r["code"] == "bad_request"
+    rid = b"7"
+    c.sock.send_multipart([rid, b"\xff\xfe", b""])
+    import msgpack
+    reply = msgpack.unpackb(c.sock.recv_multipart()[2])  # valid UTF-8 throughout
+    assert reply["code"] == "unknown_operation" and "\\xff" in reply["message"]
+    c.close()

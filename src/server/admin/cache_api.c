@@ -62,6 +62,27 @@ static char *block_ranges(const uint32_t *ids, size_t n) {
     return sb_detach(&sb, NULL);
 }
 
+struct md5_args {
+    const struct kv_context *c;
+    const uint32_t *ids;
+    size_t n;
+    uint32_t l0, l1;
+    size_t block_bytes;
+    EVP_MD_CTX *md;
+    int ok;
+};
+
+/* Reads engine memory: run under the SIGBUS guard. */
+static void md5_blocks(void *arg) {
+    struct md5_args *a = arg;
+    const struct kv_layout *l = &a->c->layout;
+    for (uint32_t layer = a->l0; a->ok && layer < a->l1; layer++)
+        for (uint32_t k = 0; a->ok && k < l->kv_count; k++)
+            for (size_t b = 0; a->ok && b < a->n; b++)
+                a->ok = EVP_DigestUpdate(a->md, kv_block_ptr(a->c, layer, k, a->ids[b]),
+                                         a->block_bytes) == 1;
+}
+
 /* MD5 over (for each layer in `layers`) K then V of each block of the chunk, in order. */
 static int chunk_md5(const struct kv_context *c, const uint32_t *ids, size_t n, uint32_t l0,
                      uint32_t l1, char hex[33]) {
@@ -71,11 +92,9 @@ static int chunk_md5(const struct kv_context *c, const uint32_t *ids, size_t n, 
     unsigned char d[EVP_MAX_MD_SIZE];
     unsigned int dl = 0;
     int ok = md && EVP_DigestInit_ex(md, EVP_md5(), NULL) == 1;
-    for (uint32_t layer = l0; ok && layer < l1; layer++)
-        for (uint32_t k = 0; ok && k < l->kv_count; k++)
-            for (size_t b = 0; ok && b < n; b++)
-                ok = EVP_DigestUpdate(md, kv_block_ptr(c, layer, k, ids[b]), block_bytes) == 1;
-    ok = ok && EVP_DigestFinal_ex(md, d, &dl) == 1;
+    struct md5_args a = {c, ids, n, l0, l1, block_bytes, md, ok};
+    if (ok && kv_guarded(md5_blocks, &a) < 0) a.ok = ok = 0; /* the mapping shrank */
+    ok = a.ok && EVP_DigestFinal_ex(md, d, &dl) == 1;
     EVP_MD_CTX_free(md);
     for (unsigned i = 0; ok && i < dl; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
     return ok ? 0 : -1;
@@ -138,13 +157,17 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
         ids[i] = (uint32_t)x;
     }
     size_t nchunks = (n + cs - 1) / cs;
+    int failed = 0;
     json_t *sums;
     char hex[33];
     if (!layerwise) {
         sums = json_array();
         for (size_t k = 0; k < nchunks; k++) {
             size_t m = k + 1 < nchunks ? cs : n - k * cs;
-            if (chunk_md5(c, ids + k * cs, m, 0, c->layout.num_layers, hex) < 0) break;
+            if (chunk_md5(c, ids + k * cs, m, 0, c->layout.num_layers, hex) < 0) {
+                failed = 1;
+                break;
+            }
             json_array_append_new(sums, json_string(hex));
         }
     } else {
@@ -153,13 +176,23 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
             json_t *a = json_array();
             for (size_t k = 0; k < nchunks; k++) {
                 size_t m = k + 1 < nchunks ? cs : n - k * cs;
-                if (chunk_md5(c, ids + k * cs, m, layer, layer + 1, hex) < 0) break;
+                if (chunk_md5(c, ids + k * cs, m, layer, layer + 1, hex) < 0) {
+                    failed = 1;
+                    break;
+                }
                 json_array_append_new(a, json_string(hex));
             }
             char key[32];
             snprintf(key, sizeof(key), "layer_%u", layer);
             json_object_set_new(sums, key, a);
         }
+    }
+    if (failed) {
+        json_decref(sums);
+        http_error(resp, 404, "error",
+                   "the registered KV cache is unreadable: its shared memory is smaller than its "
+                   "layout");
+        goto out;
     }
     char *ranges = block_ranges(ids, n);
     http_json(resp, 200,

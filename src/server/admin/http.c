@@ -91,7 +91,7 @@ void http_error(struct http_resp *resp, int status, const char *field, const cha
 json_t *http_body_object(const struct http_req *req, struct http_resp *resp, int status_on_error,
                          int allow_empty) {
     size_t i = 0;
-    while (i < req->body_len && strchr(" \t\r\n", req->body[i])) i++;
+    while (i < req->body_len && req->body[i] && strchr(" \t\r\n", req->body[i])) i++;
     if (i == req->body_len) {
         if (allow_empty) return json_object();
         http_error(resp, status_on_error, "detail", "request body is required");
@@ -242,10 +242,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             req.conn = conn;
             req.method = method;
             req.path = url;
-            for (size_t i = 0; i < np; i++) {
-                MHD_http_unescape(params[i]);
-                req.params[i] = params[i];
-            }
+            /* libmicrohttpd has already percent-decoded the path. */
+            for (size_t i = 0; i < np; i++) req.params[i] = params[i];
             req.nparams = np;
             req.body = ctx->body.buf ? ctx->body.buf : "";
             req.body_len = ctx->body.len;

@@ -3,6 +3,8 @@
 #include "server/dataplane/context.h"
 
 #include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,10 +84,22 @@ static int same_layout(const struct kv_layout *a, const struct kv_layout *b) {
 
 int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, uint64_t now_ns, char *err,
                    size_t errlen) {
-    /* Idempotent re-registration: same shm and layout only refreshes liveness. */
+    /* Idempotent re-registration: the same shared-memory object (not only the same name: an
+     * engine that restarted may have recreated it) and layout only refreshes liveness. */
+    uint64_t dev = 0, ino = 0;
+    int probe = shm_open(tmpl->shm_name, O_RDONLY, 0);
+    if (probe >= 0) {
+        struct stat pst;
+        if (fstat(probe, &pst) == 0) {
+            dev = (uint64_t)pst.st_dev;
+            ino = (uint64_t)pst.st_ino;
+        }
+        close(probe);
+    }
     pthread_mutex_lock(&r->lock);
     for (struct kv_context *c = r->head; c; c = c->next) {
         if (c->instance_id == tmpl->instance_id && !strcmp(c->shm_name, tmpl->shm_name) &&
+            c->shm_dev == dev && c->shm_ino == ino && ino != 0 &&
             !strcmp(c->model_name, tmpl->model_name) && c->worker_id == tmpl->worker_id &&
             c->world_size == tmpl->world_size && same_layout(&c->layout, &tmpl->layout)) {
             atomic_store(&c->last_seen_ns, now_ns);
@@ -119,6 +133,8 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, uint64_
         return -1;
     }
     /* Populated now, so the first store does not pay the page faults of the mapping. */
+    c->shm_dev = (uint64_t)st.st_dev;
+    c->shm_ino = (uint64_t)st.st_ino;
     void *p = mmap(NULL, c->map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
@@ -310,4 +326,68 @@ void kv_scatter(const struct kv_context *c, uint32_t chunk_size, const uint32_t 
                        src + ((uint64_t)first + from) * bpt, (uint64_t)(tpb - from) * bpt);
             }
         }
+}
+
+/* ---- SIGBUS guard ---- */
+
+static __thread sigjmp_buf *t_bus_jmp;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+    (void)si;
+    (void)uc;
+    if (t_bus_jmp) siglongjmp(*t_bus_jmp, 1);
+    signal(sig, SIG_DFL); /* not a guarded copy: die as without the handler */
+    raise(sig);
+}
+
+int kv_guard_init(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGBUS, &sa, NULL);
+}
+
+int kv_guarded(void (*fn)(void *arg), void *arg) {
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1)) {
+        t_bus_jmp = NULL;
+        return -1;
+    }
+    t_bus_jmp = &jb;
+    fn(arg);
+    t_bus_jmp = NULL;
+    return 0;
+}
+
+struct copy_args {
+    const struct kv_context *c;
+    uint32_t chunk_size;
+    const uint32_t *ids;
+    unsigned char *obj;
+    const unsigned char *cobj;
+    uint32_t skip;
+};
+
+static void do_gather(void *arg) {
+    struct copy_args *a = arg;
+    kv_gather(a->c, a->chunk_size, a->ids, a->obj);
+}
+
+static void do_scatter(void *arg) {
+    struct copy_args *a = arg;
+    kv_scatter(a->c, a->chunk_size, a->ids, a->cobj, a->skip);
+}
+
+int kv_gather_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                      unsigned char *obj) {
+    struct copy_args a = {c, chunk_size, block_ids, obj, NULL, 0};
+    return kv_guarded(do_gather, &a);
+}
+
+int kv_scatter_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                       const unsigned char *obj, uint32_t skip_tokens) {
+    struct copy_args a = {c, chunk_size, block_ids, NULL, obj, skip_tokens};
+    return kv_guarded(do_scatter, &a);
 }

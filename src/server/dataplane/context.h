@@ -29,6 +29,7 @@ struct kv_context {
     struct kv_layout layout;
     unsigned char *base; /* the mapping */
     size_t map_size;
+    uint64_t shm_dev, shm_ino;     /* identity of the object mapped (a recreated one differs) */
     _Atomic int refs;              /* the registry's reference + one per operation in flight */
     _Atomic uint64_t last_seen_ns; /* liveness: register, ping, store, retrieve */
     int pinged;                    /* ever pinged (reaping uses the longer grace otherwise) */
@@ -81,6 +82,18 @@ void kv_gather(const struct kv_context *c, uint32_t chunk_size, const uint32_t *
  * are not written. */
 void kv_scatter(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                 const unsigned char *obj, uint32_t skip_tokens);
+/* The engine owns its shared memory and may shrink it under us: a copy touching pages beyond
+ * the object's new end gets SIGBUS. kv_guard_init installs a handler that turns such a fault,
+ * inside a guarded region of the same thread, into a failed call; other SIGBUS stay fatal.
+ * The guarded variants return 0, or -1 when the mapping faulted (the copy is partial). */
+int kv_guard_init(void);
+int kv_gather_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                      unsigned char *obj);
+int kv_scatter_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                       const unsigned char *obj, uint32_t skip_tokens);
+/* Runs fn(arg) with the guard; 0, or -1 when it faulted on a mapping. */
+int kv_guarded(void (*fn)(void *arg), void *arg);
+
 /* Pointer to (layer, kv, block) in the engine cache. */
 unsigned char *kv_block_ptr(const struct kv_context *c, uint32_t layer, uint32_t kv,
                             uint32_t block);

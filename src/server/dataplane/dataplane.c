@@ -18,6 +18,7 @@
 #include <zmq.h>
 
 #include "base/log.h"
+#include "server/dataplane/context.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
 
@@ -237,9 +238,13 @@ static void send_replies(struct dataplane *dp) {
     while (o) {
         struct dp_out *next = o->next;
         zmq_msg_t body;
-        if (zmq_msg_init_data(&body, o->body, o->len, free_body, NULL) < 0) free(o->body);
+        int have = zmq_msg_init_data(&body, o->body, o->len, free_body, NULL) == 0;
+        if (!have) {
+            free(o->body); /* out of memory: the client times out */
+            zmq_msg_init(&body);
+        }
         /* A vanished peer makes the send fail; the reply is then dropped. */
-        if (zmq_msg_send(&o->id, dp->sock, ZMQ_SNDMORE) >= 0 &&
+        if (have && zmq_msg_send(&o->id, dp->sock, ZMQ_SNDMORE) >= 0 &&
             zmq_msg_send(&o->rid, dp->sock, ZMQ_SNDMORE) >= 0 &&
             zmq_msg_send(&o->op, dp->sock, ZMQ_SNDMORE) >= 0)
             zmq_msg_send(&body, dp->sock, 0);
@@ -286,6 +291,11 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     }
     dp->e = e;
     dp->lg = log_get("lmcache.zmq");
+    if (kv_guard_init() < 0) {
+        snprintf(errbuf, errlen, "cannot install the SIGBUS handler");
+        free(dp);
+        return NULL;
+    }
     dp->max_msg = max_message_bytes;
     dp->nworkers = workers > 0 ? workers : 1;
     pthread_mutex_init(&dp->out_lock, NULL);
@@ -374,6 +384,9 @@ void dataplane_stop(struct dataplane *dp) {
         pthread_cond_destroy(&dp->workers[i].cond);
     }
     free(dp->workers);
+    /* Replies already handed to libzmq get up to 2 s to leave (linger 0 would drop them). */
+    int linger = 2000;
+    zmq_setsockopt(dp->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_close(dp->sock);
     zmq_ctx_term(dp->zctx);
     close(dp->efd);

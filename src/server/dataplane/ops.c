@@ -332,7 +332,7 @@ static void observe_throughput(struct engine *e, int store, const char *model, u
  * with o->err set; the chunks before a failure stay stored. */
 static int store_chunks(struct op_ctx *o, const struct chunk_range *cr, const char *model,
                         uint32_t ws, uint32_t rank, uint64_t (*size_of)(void *arg, uint32_t i),
-                        void (*fill)(void *arg, uint32_t i, void *dst), void *arg, int64_t *stored,
+                        int (*fill)(void *arg, uint32_t i, void *dst), void *arg, int64_t *stored,
                         int64_t *skipped, uint64_t *bytes) {
     struct wt_batch wt;
     wt_init(o, &wt, cr->end_chunk - cr->start_chunk);
@@ -357,7 +357,13 @@ static int store_chunks(struct op_ctx *o, const struct chunk_range *cr, const ch
             rc = -1;
             break;
         }
-        fill(arg, i, ref.data);
+        if (fill(arg, i, ref.data) < 0) {
+            l1_abort_write(o->e->l1, &key, ref.token);
+            dp_fail(o->err, DP_SHM_ERROR,
+                    "the registered shared memory is smaller than its layout (it shrank)");
+            rc = -1;
+            break;
+        }
         if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
             (*stored)++;
             *bytes += size;
@@ -381,9 +387,9 @@ static uint64_t gather_size(void *arg, uint32_t i) {
     return kv_object_bytes(&g->c->layout, g->cs);
 }
 
-static void gather_fill(void *arg, uint32_t i, void *dst) {
+static int gather_fill(void *arg, uint32_t i, void *dst) {
     const struct gather_src *g = arg;
-    kv_gather(g->c, g->cs, g->blocks + (size_t)i * g->per, dst);
+    return kv_gather_guarded(g->c, g->cs, g->blocks + (size_t)i * g->per, dst);
 }
 
 /* store_bytes: chunks carried in the message (msgpack bins). */
@@ -391,9 +397,10 @@ static uint64_t bin_size(void *arg, uint32_t i) {
     return ((const msgpack_object *)arg)[i].via.bin.size;
 }
 
-static void bin_fill(void *arg, uint32_t i, void *dst) {
+static int bin_fill(void *arg, uint32_t i, void *dst) {
     const msgpack_object *b = &((const msgpack_object *)arg)[i];
     memcpy(dst, b->via.bin.ptr, b->via.bin.size);
+    return 0;
 }
 
 static int op_store(struct op_ctx *o) {
@@ -428,10 +435,11 @@ out:
 static int read_chunk(struct op_ctx *o, const char *rid, const struct l1_key *key, uint32_t ch,
                       uint32_t rank, struct l1_ref *ref) {
     if (*rid) {
-        struct l1_key held;
-        if (!session_take_lock(&o->e->sessions, rid, ch, rank, &held)) return -1;
-        if (l1_read_locked(o->e->l1, &held, o->now, ref) == L1_OK) return 0;
-        l1_finish_read(o->e->l1, &held, 1, o->now);
+        /* Only the very object the lookup locked: a retrieve naming another salt, model or
+         * prompt must not read (or release) someone else's object. */
+        if (!session_take_lock(&o->e->sessions, rid, ch, rank, key)) return -1;
+        if (l1_read_locked(o->e->l1, key, o->now, ref) == L1_OK) return 0;
+        l1_finish_read(o->e->l1, key, 1, o->now);
         return -1;
     }
     return l1_reserve_read(o->e->l1, key, 1, o->now, ref) == L1_OK ? 0 : -1;
@@ -477,8 +485,15 @@ static int op_retrieve(struct op_ctx *o) {
         uint32_t skip_in_chunk = (uint64_t)skip > first
                                      ? (uint32_t)((uint64_t)skip - first > cs ? cs : skip - first)
                                      : 0;
-        kv_scatter(c, cs, blocks + (size_t)(ch - cr.start_chunk) * per, ref.data, skip_in_chunk);
+        int bad = kv_scatter_guarded(c, cs, blocks + (size_t)(ch - cr.start_chunk) * per, ref.data,
+                                     skip_in_chunk);
         l1_finish_read(o->e->l1, &key, 1, clock_mono_ns());
+        if (bad) {
+            dp_fail(o->err, DP_SHM_ERROR,
+                    "the registered shared memory is smaller than its layout (it shrank)");
+            rc = -1;
+            break;
+        }
         done++;
         bytes += size;
     }
@@ -561,7 +576,10 @@ static int op_retrieve_bytes(struct op_ctx *o) {
         rc = -1;
     }
     for (uint32_t ch = cr.start_chunk; rc == 0 && ch < cr.end_chunk; ch++) {
-        if (make_key(o, &cr, ch, model, ws, rank, &keys[got]) < 0) break;
+        if (make_key(o, &cr, ch, model, ws, rank, &keys[got]) < 0) {
+            rc = -1;
+            break;
+        }
         if (read_chunk(o, rid, &keys[got], ch, rank, &refs[got]) < 0) break;
         bytes += refs[got].size;
         got++;
@@ -693,7 +711,7 @@ static int op_lookup(struct op_ctx *o) {
     if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
     if (parse_model(o, model, sizeof(model)) < 0) return -1;
     if (dp_int(o->m, "world_size", 0, 1, 255, &ws, o->err) < 0) return -1;
-    if (dp_int(o->m, "num_kv_readers", 0, 1, 1 << 16, &readers, o->err) < 0) return -1;
+    if (dp_int(o->m, "num_kv_readers", 0, 1, DP_MAX_KV_READERS, &readers, o->err) < 0) return -1;
     if (parse_range(o, &cr) < 0) return -1;
     uint32_t nch = cr.end_chunk - cr.start_chunk;
     struct session *s = calloc(1, sizeof(*s));
@@ -853,8 +871,17 @@ void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void
     uint64_t t0 = clock_mono_ns();
     int ok = 0;
     if (!d) {
-        dp_fail(&err, DP_UNKNOWN_OPERATION, "unknown operation '%.*s'",
-                (int)(oplen > 64 ? 64 : oplen), op);
+        {
+            /* Echo the name printable-ASCII only: the reply's strings must stay valid UTF-8. */
+            char shown[4 * 64 + 1];
+            size_t k = 0;
+            for (size_t i = 0; i < oplen && i < 64; i++) {
+                unsigned char ch = (unsigned char)op[i];
+                k += (size_t)snprintf(shown + k, sizeof(shown) - k,
+                                      ch >= 0x20 && ch < 0x7f && ch != '\\' ? "%c" : "\\x%02x", ch);
+            }
+            dp_fail(&err, DP_UNKNOWN_OPERATION, "unknown operation '%s'", shown);
+        }
     } else {
         msgpack_unpacked up;
         msgpack_unpacked_init(&up);

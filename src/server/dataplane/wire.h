@@ -29,6 +29,9 @@ struct dp_err {
     char message[256];
 };
 
+/* Largest num_kv_readers of a lookup (read locks per object; L1 counts at most 65535 holders). */
+#define DP_MAX_KV_READERS 1024
+
 /* Elements (of any type) one payload may hold: bounds the decoder's memory (~24 B each). */
 #define DP_MAX_ELEMENTS (16u << 20)
 

@@ -679,12 +679,14 @@ int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token) {
     return rc;
 }
 
-/* Caller holds the stripe lock; e is RESIDENT. */
-static void do_take_read(struct l1 *l1, struct l1_entry *e, uint32_t n, uint64_t now) {
+/* Caller holds the stripe lock; e is RESIDENT. Refuses (returns false) rather than saturate
+ * the count: a saturated count would let one holder's release wipe out another's locks. */
+static bool do_take_read(struct l1 *l1, struct l1_entry *e, uint32_t n, uint64_t now) {
     uint32_t r = e->deadline > now ? e->readers : 0;
-    r += n;
-    e->readers = (uint16_t)(r > MAX_READERS ? MAX_READERS : r);
+    if (n > MAX_READERS - r) return false;
+    e->readers = (uint16_t)(r + n);
     e->deadline = now + l1->cfg.read_ttl_ns;
+    return true;
 }
 
 /* Read counters are bumped once per call, not per key: shared atomics are the one thing two
@@ -704,9 +706,12 @@ static int reserve_read_one(struct l1 *l1, const struct l1_key *key, uint32_t n,
     pthread_mutex_lock(&s->mu);
     struct l1_entry *e = do_find(l1, s, key, h);
     if (e && e->state == ST_RESIDENT) {
-        do_take_read(l1, e, n, now);
-        fill_ref(l1, e, out);
-        rc = L1_OK;
+        if (do_take_read(l1, e, n, now)) {
+            fill_ref(l1, e, out);
+            rc = L1_OK;
+        } else {
+            rc = L1_ERR_BUSY;
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return rc;

@@ -574,10 +574,30 @@ static void pf_publish(struct l2ctl *c, struct pf_req *r) {
         pf_free(r);
         return;
     }
+    /* Results nobody polls must not pile up: past L2CTL_MAX_UNREAD finished ones, the oldest
+     * (the list is newest first) are dropped and their ids answer "unknown". */
+    struct pf_req *dropped = NULL;
+    size_t seen = 0;
     pthread_mutex_lock(&c->r_mu);
     r->published = true;
+    for (struct pf_req **pp = &c->results; *pp;) {
+        struct pf_req *x = *pp;
+        if (x->published && ++seen > L2CTL_MAX_UNREAD) {
+            *pp = x->rnext;
+            x->rnext = dropped;
+            dropped = x;
+        } else {
+            pp = &x->rnext;
+        }
+    }
     pthread_mutex_unlock(&c->r_mu);
     ADD(g_results, 1);
+    while (dropped) {
+        struct pf_req *n = dropped->rnext;
+        pf_free(dropped);
+        ADD(g_results, -1);
+        dropped = n;
+    }
 }
 
 int l2ctl_prefetch_poll(struct l2ctl *c, uint64_t id, struct l2ctl_prefetch_result *out) {

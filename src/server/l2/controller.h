@@ -131,6 +131,9 @@ int l2ctl_prefetch_submit(struct l2ctl *c, const struct keys_object_key *keys,
                           const struct l1_key *l1keys, size_t n, enum l2ctl_trim trim,
                           uint32_t read_locks, bool temporary, l2ctl_prefetch_cb cb, void *cb_arg,
                           uint64_t *id);
+/* Finished results of requests without a callback kept for polling; older ones are dropped. */
+#define L2CTL_MAX_UNREAD 1024
+
 /* L2_OK with *out filled and the result dropped (exactly once), L2_ERR_BUSY while the request
  * runs, L2_ERR_NOT_FOUND for an unknown or already-consumed id. out->ready stays valid until the
  * next l2ctl_prefetch_poll or l2ctl_destroy. */
