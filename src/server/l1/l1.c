@@ -664,13 +664,23 @@ int l1_finish_write(struct l1 *l1, const struct l1_key *key, uint32_t token, uin
     return L1_OK;
 }
 
-int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token) {
+/* Locks the stripe of key and finds its entry (NULL when absent). The caller unlocks (*sp)->mu. */
+static struct l1_entry *lock_find(struct l1 *l1, const struct l1_key *key, struct stripe **sp,
+                                  uint64_t *hp) {
     CHECK_L1(l1);
     uint64_t h = key_hash(key);
     struct stripe *s = stripe_of(l1, h);
-    int rc = L1_ERR_NOT_FOUND;
     pthread_mutex_lock(&s->mu);
-    struct l1_entry *e = do_find(l1, s, key, h);
+    *sp = s;
+    *hp = h;
+    return do_find(l1, s, key, h);
+}
+
+int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token) {
+    uint64_t h;
+    struct stripe *s;
+    struct l1_entry *e = lock_find(l1, key, &s, &h);
+    int rc = L1_ERR_NOT_FOUND;
     if (e && e->state == ST_STAGING && e->token == token) {
         do_remove(l1, s, e, h);
         rc = L1_OK;
@@ -699,12 +709,10 @@ static void count_reads(struct l1 *l1, uint16_t salt_id, uint64_t n) {
 
 static int reserve_read_one(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t now,
                             struct l1_ref *out) {
-    CHECK_L1(l1);
-    uint64_t h = key_hash(key);
-    struct stripe *s = stripe_of(l1, h);
+    uint64_t h;
+    struct stripe *s;
+    struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    pthread_mutex_lock(&s->mu);
-    struct l1_entry *e = do_find(l1, s, key, h);
     if (e && e->state == ST_RESIDENT) {
         if (do_take_read(l1, e, n, now)) {
             fill_ref(l1, e, out);
@@ -733,12 +741,10 @@ size_t l1_reserve_read_prefix(struct l1 *l1, const struct l1_key *keys, size_t c
 }
 
 int l1_read_locked(struct l1 *l1, const struct l1_key *key, uint64_t now, struct l1_ref *out) {
-    CHECK_L1(l1);
-    uint64_t h = key_hash(key);
-    struct stripe *s = stripe_of(l1, h);
+    uint64_t h;
+    struct stripe *s;
+    struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    pthread_mutex_lock(&s->mu);
-    struct l1_entry *e = do_find(l1, s, key, h);
     if (e && e->state == ST_RESIDENT) {
         if (e->readers > 0 && e->deadline > now) {
             fill_ref(l1, e, out);
@@ -752,12 +758,10 @@ int l1_read_locked(struct l1 *l1, const struct l1_key *key, uint64_t now, struct
 }
 
 int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t now) {
-    CHECK_L1(l1);
-    uint64_t h = key_hash(key);
-    struct stripe *s = stripe_of(l1, h);
+    uint64_t h;
+    struct stripe *s;
+    struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    pthread_mutex_lock(&s->mu);
-    struct l1_entry *e = do_find(l1, s, key, h);
     if (e && e->state == ST_RESIDENT) {
         rc = L1_OK;
         uint32_t r = e->deadline > now ? e->readers : 0;
@@ -772,12 +776,10 @@ int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t
 }
 
 int l1_delete(struct l1 *l1, const struct l1_key *key, bool force, uint64_t now) {
-    CHECK_L1(l1);
-    uint64_t h = key_hash(key);
-    struct stripe *s = stripe_of(l1, h);
+    uint64_t h;
+    struct stripe *s;
+    struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    pthread_mutex_lock(&s->mu);
-    struct l1_entry *e = do_find(l1, s, key, h);
     if (e) {
         if (!force && is_locked(e, now)) {
             rc = L1_ERR_BUSY;
@@ -791,12 +793,10 @@ int l1_delete(struct l1 *l1, const struct l1_key *key, bool force, uint64_t now)
 }
 
 int l1_touch(struct l1 *l1, const struct l1_key *key, uint64_t now) {
-    CHECK_L1(l1);
-    uint64_t h = key_hash(key);
-    struct stripe *s = stripe_of(l1, h);
+    uint64_t h;
+    struct stripe *s;
+    struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    pthread_mutex_lock(&s->mu);
-    struct l1_entry *e = do_find(l1, s, key, h);
     if (e && e->state == ST_RESIDENT) {
         do_touch(l1, e, now, false);
         rc = L1_OK;
