@@ -15,6 +15,7 @@
 #include <zmq.h>
 
 #include "client/client_codec.h"
+#include "base/mpcheck.h"
 
 #define DEFAULT_TIMEOUT_MS   30000
 #define DEFAULT_CONNECT_MS   5000
@@ -193,118 +194,9 @@ const msgpack_object *lmcc_map_get(const msgpack_object *map, const char *key) {
     return NULL;
 }
 
-/* Big-endian unsigned integer of `n` bytes at p. */
-static uint64_t be(const unsigned char *p, size_t n) {
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
-}
-
 int lmcc_check_structure(const char *data, size_t len) {
-    const unsigned char *p = (const unsigned char *)data;
-    size_t pos = 0;
-    uint64_t need = 1; /* objects still to read; each takes at least one byte */
-    while (need > 0) {
-        if (pos >= len || need > len - pos) return -1;
-        unsigned char t = p[pos++];
-        need--;
-        uint64_t skip = 0, items = 0; /* payload bytes to skip, child objects to read */
-        size_t lenbytes = 0;
-        if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) {
-            /* fixint, nil, bool */
-        } else if (t >= 0x80 && t <= 0x8f) {
-            items = 2ull * (t & 0x0f);
-        } else if (t >= 0x90 && t <= 0x9f) {
-            items = t & 0x0f;
-        } else if (t >= 0xa0 && t <= 0xbf) {
-            skip = t & 0x1f;
-        } else {
-            switch (t) {
-            case 0xc4:
-            case 0xd9:
-                lenbytes = 1;
-                break; /* bin8, str8 */
-            case 0xc5:
-            case 0xda:
-                lenbytes = 2;
-                break; /* bin16, str16 */
-            case 0xc6:
-            case 0xdb:
-                lenbytes = 4;
-                break; /* bin32, str32 */
-            case 0xc7:
-                lenbytes = 1;
-                skip = 1;
-                break; /* ext8 (+ type byte) */
-            case 0xc8:
-                lenbytes = 2;
-                skip = 1;
-                break; /* ext16 */
-            case 0xc9:
-                lenbytes = 4;
-                skip = 1;
-                break; /* ext32 */
-            case 0xca:
-            case 0xd2:
-            case 0xce:
-                skip = 4;
-                break; /* float32, int32, uint32 */
-            case 0xcb:
-            case 0xd3:
-            case 0xcf:
-                skip = 8;
-                break; /* float64, int64, uint64 */
-            case 0xcc:
-            case 0xd0:
-                skip = 1;
-                break; /* uint8, int8 */
-            case 0xcd:
-            case 0xd1:
-                skip = 2;
-                break; /* uint16, int16 */
-            case 0xd4:
-                skip = 2;
-                break; /* fixext1 */
-            case 0xd5:
-                skip = 3;
-                break; /* fixext2 */
-            case 0xd6:
-                skip = 5;
-                break; /* fixext4 */
-            case 0xd7:
-                skip = 9;
-                break; /* fixext8 */
-            case 0xd8:
-                skip = 17;
-                break; /* fixext16 */
-            case 0xdc:
-            case 0xde:
-                lenbytes = 2;
-                break; /* array16, map16 */
-            case 0xdd:
-            case 0xdf:
-                lenbytes = 4;
-                break; /* array32, map32 */
-            default:
-                return -1; /* 0xc1: never used */
-            }
-            if (lenbytes) {
-                if (len - pos < lenbytes) return -1;
-                uint64_t n = be(p + pos, lenbytes);
-                pos += lenbytes;
-                if (t == 0xdc || t == 0xdd)
-                    items = n;
-                else if (t == 0xde || t == 0xdf)
-                    items = 2 * n;
-                else
-                    skip += n;
-            }
-        }
-        if (skip > len - pos) return -1;
-        pos += (size_t)skip;
-        need += items; /* bounded by len on the next check: no overflow (items < 2^33) */
-    }
-    return pos == len ? 0 : -1;
+    size_t used;
+    return mpcheck_document(data, len, UINT64_MAX, &used) == 0 && used == len ? 0 : -1;
 }
 
 lmc_status lmcc_decode_reply(const char *body, size_t len, msgpack_unpacked *up,

@@ -2,6 +2,8 @@
  * 5-byte hole (map32), and the hole is filled once the field count is known. */
 #include "server/dataplane/wire.h"
 
+#include "base/mpcheck.h"
+
 #include <stdarg.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -15,123 +17,9 @@ void dp_fail(struct dp_err *err, const char *code, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* Reads a big-endian length of n bytes at p. */
-static uint64_t be(const unsigned char *p, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
-}
-
-/* Walks one msgpack document without allocating, checking that every declared length fits the
- * buffer and that containers do not declare more elements than bytes remain (each element needs
- * at least one). msgpack-c allocates a container's elements before reading them, so an unchecked
- * 5-byte map32 header could make it allocate gigabytes. */
 int dp_msgpack_check(const void *buf, size_t len, uint64_t max_elements) {
-    const unsigned char *p = buf;
-    size_t pos = 0;
-    uint64_t pending = 1, seen = 0;
-    while (pending > 0) {
-        if (pos >= len || ++seen > max_elements) return -1;
-        unsigned b = p[pos++];
-        pending--;
-        uint64_t skip = 0, add = 0;
-        int lenbytes = 0;
-        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
-            skip = 0;
-        } else if (b >= 0x80 && b <= 0x8f) {
-            add = 2ULL * (b & 0x0f);
-        } else if (b >= 0x90 && b <= 0x9f) {
-            add = b & 0x0f;
-        } else if (b >= 0xa0 && b <= 0xbf) {
-            skip = b & 0x1f;
-        } else {
-            switch (b) {
-            case 0xc4:
-            case 0xd9:
-                lenbytes = 1;
-                break;
-            case 0xc5:
-            case 0xda:
-                lenbytes = 2;
-                break;
-            case 0xc6:
-            case 0xdb:
-                lenbytes = 4;
-                break;
-            case 0xc7:
-                lenbytes = 1;
-                skip = 1;
-                break; /* ext: length, then a type byte */
-            case 0xc8:
-                lenbytes = 2;
-                skip = 1;
-                break;
-            case 0xc9:
-                lenbytes = 4;
-                skip = 1;
-                break;
-            case 0xca:
-                skip = 4;
-                break;
-            case 0xcb:
-                skip = 8;
-                break;
-            case 0xcc:
-            case 0xd0:
-                skip = 1;
-                break;
-            case 0xcd:
-            case 0xd1:
-                skip = 2;
-                break;
-            case 0xce:
-            case 0xd2:
-                skip = 4;
-                break;
-            case 0xcf:
-            case 0xd3:
-                skip = 8;
-                break;
-            case 0xd4:
-                skip = 2;
-                break;
-            case 0xd5:
-                skip = 3;
-                break;
-            case 0xd6:
-                skip = 5;
-                break;
-            case 0xd7:
-                skip = 9;
-                break;
-            case 0xd8:
-                skip = 17;
-                break;
-            case 0xdc:
-            case 0xde:
-            case 0xdd:
-            case 0xdf: {
-                int n = (b == 0xdc || b == 0xde) ? 2 : 4;
-                if (len - pos < (size_t)n) return -1;
-                add = be(p + pos, n) * ((b == 0xde || b == 0xdf) ? 2 : 1);
-                pos += (size_t)n;
-                break;
-            }
-            default:
-                return -1; /* 0xc1 is never used */
-            }
-        }
-        if (lenbytes) {
-            if (len - pos < (size_t)lenbytes) return -1;
-            skip += be(p + pos, lenbytes);
-            pos += (size_t)lenbytes;
-        }
-        if (skip > len - pos) return -1;
-        pos += (size_t)skip;
-        pending += add;
-        if (pending > len - pos) return -1;
-    }
-    return 0;
+    size_t used;
+    return mpcheck_document(buf, len, max_elements, &used);
 }
 
 int dp_decode(const void *buf, size_t len, msgpack_unpacked *up, struct dp_map *out,
