@@ -190,7 +190,19 @@ static void reject(struct dataplane *dp, struct dp_req *req, const char *why) {
 /* Receives one whole multipart message. */
 static void receive_one(struct dataplane *dp) {
     struct dp_req *req = calloc(1, sizeof(*req));
-    if (!req) return;
+    if (!req) { /* out of memory: drop the message rather than spin on it; the client times out */
+        int more = 1;
+        for (int i = 0; more && i < 64; i++) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, dp->sock, ZMQ_DONTWAIT) < 0)
+                more = 0;
+            else
+                more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        return;
+    }
     zmq_msg_t *slots[4] = {&req->id, &req->rid, &req->op, &req->payload};
     for (int i = 0; i < 4; i++) zmq_msg_init(slots[i]);
     int nframes = 0, more = 1;
@@ -336,14 +348,28 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
-    for (int i = 0; i < dp->nworkers; i++) {
-        struct worker *w = &dp->workers[i];
+    int started = 0, terr = 0;
+    for (; started < dp->nworkers; started++) {
+        struct worker *w = &dp->workers[started];
         w->dp = dp;
         pthread_mutex_init(&w->lock, NULL);
         pthread_cond_init(&w->cond, NULL);
-        pthread_create(&w->tid, NULL, worker_main, w);
+        if ((terr = pthread_create(&w->tid, NULL, worker_main, w)) != 0) break;
     }
-    pthread_create(&dp->loop, NULL, loop_main, dp);
+    if (terr == 0) terr = pthread_create(&dp->loop, NULL, loop_main, dp);
+    if (terr != 0) {
+        snprintf(errbuf, errlen, "cannot start data-plane threads: %s", strerror(terr));
+        for (int i = 0; i < started; i++) { /* stop the workers that did start */
+            struct worker *w = &dp->workers[i];
+            pthread_mutex_lock(&w->lock);
+            w->stop = 1;
+            pthread_cond_signal(&w->cond);
+            pthread_mutex_unlock(&w->lock);
+            pthread_join(w->tid, NULL);
+        }
+        free(dp->workers);
+        goto fail;
+    }
     log_info(dp->lg, "LMCache ZMQ cache server is running on %s (%d workers)", ep, dp->nworkers);
     return dp;
 fail:
