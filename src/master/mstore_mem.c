@@ -215,20 +215,25 @@ static struct xent *do_xfind(struct xshard *sh, const char *k, size_t klen, uint
     return NULL;
 }
 
-static void do_xgrow(struct xshard *sh) {
-    size_t nb = sh->nb * 2;
-    struct xent **b = xcalloc(nb, sizeof(*b));
-    if (!b) return; /* keep the longer chains */
-    for (size_t i = 0; i < sh->nb; i++)
-        for (struct xent *e = sh->b[i], *nx; e; e = nx) {
-            nx = e->next;
-            e->next = b[e->hv & (nb - 1)];
-            b[e->hv & (nb - 1)] = e;
-        }
-    free(sh->b);
-    sh->b = b;
-    sh->nb = nb;
-}
+/* Doubles a shard's bucket array (entry type T with `next` and `hv`); on allocation failure the
+ * chains just stay longer. The caller holds the shard's lock. */
+#define DO_GROW(T, sh)                                                                             \
+    do {                                                                                           \
+        size_t nb_ = (sh)->nb * 2;                                                                 \
+        T **b_ = xcalloc(nb_, sizeof(*b_));                                                        \
+        if (!b_) break;                                                                            \
+        for (size_t i_ = 0; i_ < (sh)->nb; i_++)                                                   \
+            for (T *e_ = (sh)->b[i_], *nx_; e_; e_ = nx_) {                                        \
+                nx_ = e_->next;                                                                    \
+                e_->next = b_[e_->hv & (nb_ - 1)];                                                 \
+                b_[e_->hv & (nb_ - 1)] = e_;                                                       \
+            }                                                                                      \
+        free((sh)->b);                                                                             \
+        (sh)->b = b_;                                                                              \
+        (sh)->nb = nb_;                                                                            \
+    } while (0)
+
+static void do_xgrow(struct xshard *sh) { DO_GROW(struct xent, sh); }
 
 static void do_xunlink_free(struct mem *m, struct xshard *sh, struct xent *e) {
     struct xent **pp = &sh->b[e->hv & (sh->nb - 1)];
@@ -377,20 +382,7 @@ static void do_bunlink_free(struct bshard *sh, struct bent *e) {
     free(e);
 }
 
-static void do_bgrow(struct bshard *sh) {
-    size_t nb = sh->nb * 2;
-    struct bent **b = xcalloc(nb, sizeof(*b));
-    if (!b) return;
-    for (size_t i = 0; i < sh->nb; i++)
-        for (struct bent *e = sh->b[i], *nx; e; e = nx) {
-            nx = e->next;
-            e->next = b[e->hv & (nb - 1)];
-            b[e->hv & (nb - 1)] = e;
-        }
-    free(sh->b);
-    sh->b = b;
-    sh->nb = nb;
-}
+static void do_bgrow(struct bshard *sh) { DO_GROW(struct bent, sh); }
 
 static struct bshard *bshard_of(struct mem *m, uint64_t h) {
     return &m->bs[(h >> 40) & (m->nshards - 1)];
