@@ -3,6 +3,7 @@
 clients, and wire strings that must be UTF-8 text before they reach metric labels and logs."""
 import hashlib
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -67,7 +68,8 @@ def test_lookup_of_many_chunks_times_ranks_is_too_large(srv):
 
 
 def test_huge_lookup_with_l2_is_rejected_without_allocating(srv, tmp_path):
-    s, w = srv("--l2-adapter", json.dumps({"type": "fs", "base_path": str(tmp_path / "l2")}))
+    s, w = srv("--l2-adapter", json.dumps({"type": "fs", "base_path": str(tmp_path / "l2")}),
+               "--l1-prefault=false")
     before = proc_status(s.proc.pid, "VmRSS")
     # 1,000,000 one-byte hashes (3 MB on the wire) x 8 ranks
     body = raw_map({"request_id": "r", "model_name": MODEL, "world_size": 8,
@@ -153,8 +155,11 @@ def test_pipelined_large_requests_are_pushed_back(srv):
     # 1M-token prompt (5 MB) and a 4 MiB chunk; the worker decodes and hashes it more slowly than
     # the socket delivers it.
     budget_mb, hwm, n = 8, 2, 120
+    # (under AddressSanitizer, freed memory waits in a quarantine of 256 MiB unless told)
+    asan = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS"), "quarantine_size_mb=16"]))
     s, _ = srv("--max-workers", "1", "--worker-queue-mb", str(budget_mb), "--zmq-rcvhwm",
-               str(hwm), "--max-message-mb", "16", "--l1-prefault=false", l1_size_gb="0.05")
+               str(hwm), "--max-message-mb", "16", "--l1-prefault=false", l1_size_gb="0.05",
+               env={"ASAN_OPTIONS": asan})
     ntok = 1 << 20
     be = struct.pack(">%dI" % ntok, *range(1 << 20, (1 << 20) + ntok))
     tok = bytearray(5 * ntok)
