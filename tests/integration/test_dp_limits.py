@@ -201,6 +201,10 @@ def test_pipelined_large_requests_are_pushed_back(srv):
     bound = (budget_mb << 20) + (hwm + 2) * msg_bytes + 24 * ntok + (50 << 20) + (200 << 20)
     assert peak - before < bound, (peak - before, bound)
     assert bound < n * msg_bytes // 2  # the bound is meaningful
+    # each request is over the budget on its own: the socket paused behind it
+    pauses = [l for l in s.get("/metrics").text.splitlines()
+              if l.startswith("lmcache_mp_dataplane_read_pauses_total ")]
+    assert len(pauses) == 1 and float(pauses[0].split()[1]) >= 1, pauses
 
 
 # ---- strings from the wire -----------------------------------------------------------------

@@ -24,6 +24,7 @@
 #include <zmq.h>
 
 #include "base/log.h"
+#include "base/metrics.h"
 #include "server/dataplane/context.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
@@ -312,8 +313,12 @@ static void *loop_main(void *arg) {
     pthread_setname_np(pthread_self(), "dp-loop");
     /* The eventfd first: while over budget only it is polled, and the socket is not read. */
     zmq_pollitem_t items[2] = {{NULL, dp->efd, ZMQ_POLLIN, 0}, {dp->sock, 0, ZMQ_POLLIN, 0}};
+    int paused = 0;
     while (!atomic_load(&dp->stop)) {
-        int reading = !atomic_load(&dp->draining) && !over_budget(dp);
+        int over = over_budget(dp);
+        if (over && !paused && dp->e->dpm.read_pauses) metric_inc(dp->e->dpm.read_pauses, 1);
+        paused = over;
+        int reading = !atomic_load(&dp->draining) && !over;
         items[1].revents = 0;
         int n = zmq_poll(items, reading ? 2 : 1, 100);
         if (n < 0) {
