@@ -35,6 +35,15 @@ enum opt_type {
       "Worker threads of the data plane")                                                          \
     X(max_message_mb, "max-message-mb", OPT_INT, "mp", "1024", 1, 65536, NULL, 0,                  \
       "Largest data-plane request payload in MiB")                                                 \
+    X(max_reply_mb, "max-reply-mb", OPT_INT, "mp", "0", 0, 65536, NULL, 0,                         \
+      "Largest data-plane reply (retrieve_bytes) in MiB; 0: the same as --max-message-mb")         \
+    X(max_request_objects, "max-request-objects", OPT_INT, "mp", "65536", 1, 16777216, NULL, 0,    \
+      "Objects (chunks of the range x ranks) one data-plane request may name")                     \
+    X(worker_queue_mb, "worker-queue-mb", OPT_INT, "mp", "256", 1, 65536, NULL, 0,                 \
+      "Request and reply bytes one data-plane worker may hold before the data socket stops "       \
+      "reading (backpressure)")                                                                    \
+    X(zmq_rcvhwm, "zmq-rcvhwm", OPT_INT, "mp", "16", 1, 100000, NULL, 0,                           \
+      "Requests libzmq buffers per data-socket client while the server is not reading")            \
     X(worker_reap_timeout_seconds, "worker-reap-timeout-seconds", OPT_FLOAT, "mp", "120", 0, 1e9,  \
       NULL, 0, "Drop KV registrations of pinged engines silent this long (0 disables)")            \
     X(worker_registration_grace_seconds, "worker-registration-grace-seconds", OPT_FLOAT, "mp",     \

@@ -199,6 +199,9 @@ static void register_dp_metrics(struct engine *e) {
         r, "lmcache_mp_num_submitted_retrieves_total", "Retrieve requests received.", NULL));
     m->retrieves_finished = metric_series(metrics_counter(
         r, "lmcache_mp_num_finished_retrieves_total", "Retrieve requests completed.", NULL));
+    m->read_pauses = metric_series(metrics_counter(
+        r, "lmcache_mp_dataplane_read_pauses_total",
+        "Times the data socket stopped reading because a worker held --worker-queue-mb.", NULL));
     metrics_gauge_fn(r, "lmcache_mp_active_prefetch_jobs", "Lookup jobs not yet reported.", g_jobs,
                      e);
     metrics_gauge_fn(r, "lmcache_mp_active_sessions", "Open lookup sessions.", g_sessions, e);

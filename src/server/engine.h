@@ -32,6 +32,7 @@ struct engine_dp_metrics {
     struct metric_family *lookup_hit_l2;
     struct metric_family *store_gbps, *load_gbps;
     struct metric *stores_submitted, *stores_finished, *retrieves_submitted, *retrieves_finished;
+    struct metric *read_pauses; /* the data socket stopped reading (backpressure) */
 };
 
 struct l2ctl;

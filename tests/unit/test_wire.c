@@ -83,10 +83,58 @@ static void test_fields_and_reply(void **state) {
     dp_reply_free(&r);
 }
 
+static void test_text_check_accepts_utf8_text_only(void **state) {
+    (void)state;
+    static const struct {
+        const char *s;
+        size_t bad; /* expected result; SIZE_MAX = the whole string is fine */
+    } cases[] = {
+        {"", SIZE_MAX},
+        {"plain-salt_1.2", SIZE_MAX},
+        {"caf\xc3\xa9 \xe7\xa7\x9f \xf0\x9f\x98\x80", SIZE_MAX}, /* 2-, 3- and 4-byte forms */
+        {"\xff\xfe", 0},
+        {"ab\x80", 2},           /* lone continuation byte */
+        {"\xc0\xaf", 0},         /* overlong '/' */
+        {"\xe0\x80\xaf", 0},     /* overlong, 3 bytes */
+        {"\xed\xa0\x80", 0},     /* UTF-16 surrogate */
+        {"\xf4\x90\x80\x80", 0}, /* above U+10FFFF */
+        {"a\xe7\xa7", 1},        /* truncated */
+        {"a\nb", 1},             /* C0 control */
+        {"\x1b[31m", 0},         /* escape sequence */
+        {"x\x7f", 1},            /* DEL */
+        {"\xc2\x85", 0},         /* C1 control (NEL) */
+        {"\xc2\xa0", SIZE_MAX},  /* U+00A0 is text */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t len = strlen(cases[i].s);
+        size_t want = cases[i].bad == SIZE_MAX ? len : cases[i].bad;
+        assert_int_equal(dp_text_check(cases[i].s, len), want);
+    }
+}
+
+static void test_str_field_rejects_invalid_utf8(void **state) {
+    (void)state;
+    /* Regression: a cache_salt of 0xff 0xfe reached the metric labels and broke /metrics. */
+    const unsigned char body[] = {0x81, 0xaa, 'c', 'a', 'c',  'h',  'e', '_',
+                                  's',  'a',  'l', 't', 0xa2, 0xff, 0xfe};
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    struct dp_map m;
+    struct dp_err err = {0};
+    assert_int_equal(dp_decode(body, sizeof(body), &up, &m, &err), 0);
+    char out[16];
+    assert_int_equal(dp_cstr(&m, "cache_salt", 0, out, sizeof(out), &err), -1);
+    assert_string_equal(err.code, DP_BAD_REQUEST);
+    assert_non_null(strstr(err.message, "cache_salt"));
+    msgpack_unpacked_destroy(&up);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_check_rejects_huge_declared_containers),
         cmocka_unit_test(test_fields_and_reply),
+        cmocka_unit_test(test_text_check_accepts_utf8_text_only),
+        cmocka_unit_test(test_str_field_rejects_invalid_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,13 @@
 /* The data socket. One loop thread owns the ROUTER socket (ZMQ sockets are not thread-safe):
  * it receives [identity][request id][operation][payload], hands the request to the worker
  * chosen by the identity (so one client's requests run in order), and sends the replies the
- * workers queue, woken by an eventfd. */
+ * workers queue, woken by an eventfd.
+ *
+ * Backpressure: each worker is charged the bytes of the requests it holds (queued or running)
+ * and of its replies not yet handed to libzmq. While any worker is at or over
+ * --worker-queue-mb the loop stops reading the socket (it still sends replies); libzmq then
+ * buffers at most --zmq-rcvhwm requests per client and stops reading their connections, so
+ * TCP pushes back on the clients instead of the server's memory growing. */
 #include "server/dataplane/dataplane.h"
 
 #include <arpa/inet.h>
@@ -18,14 +24,19 @@
 #include <zmq.h>
 
 #include "base/log.h"
+#include "base/metrics.h"
 #include "server/dataplane/context.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
 
 #define MAX_RID 64
 
+struct worker;
+
 struct dp_req {
     zmq_msg_t id, rid, op, payload;
+    struct worker *w; /* charged with cost; NULL for a request rejected by the loop */
+    size_t cost;
     struct dp_req *next;
 };
 
@@ -33,6 +44,8 @@ struct dp_out {
     zmq_msg_t id, rid, op;
     char *body;
     size_t len;
+    struct worker *w; /* charged with cost until the reply is handed to libzmq */
+    size_t cost;
     struct dp_out *next;
 };
 
@@ -43,6 +56,7 @@ struct worker {
     pthread_cond_t cond;
     struct dp_req *head, *tail;
     int stop;
+    _Atomic size_t charged; /* bytes of held requests and unsent replies (backpressure) */
 };
 
 struct dataplane {
@@ -50,6 +64,7 @@ struct dataplane {
     void *zctx, *sock;
     int efd;
     size_t max_msg;
+    size_t budget; /* --worker-queue-mb in bytes */
     pthread_t loop;
     _Atomic int stop;
     _Atomic int draining; /* no new requests are read once set */
@@ -71,9 +86,21 @@ static void free_body(void *data, void *hint) {
     free(data);
 }
 
-/* Queues a reply for the loop thread. Takes ownership of the frames in req (closing payload). */
+static size_t frames_size(zmq_msg_t *id, zmq_msg_t *rid, zmq_msg_t *op) {
+    return zmq_msg_size(id) + zmq_msg_size(rid) + zmq_msg_size(op);
+}
+
+/* Queues a reply for the loop thread. Takes ownership of the frames in req (closing payload).
+ * The worker's charge for the request becomes a charge for the reply. */
 static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, size_t len) {
     struct dp_out *o = calloc(1, sizeof(*o));
+    struct worker *w = req->w;
+    if (w && o) {
+        o->w = w;
+        o->cost = sizeof(*o) + len + frames_size(&req->id, &req->rid, &req->op);
+        atomic_fetch_add(&w->charged, o->cost);
+    }
+    if (w) atomic_fetch_sub(&w->charged, req->cost);
     if (!o) { /* the client times out; nothing else can be done without memory */
         free(body);
         zmq_msg_close(&req->id);
@@ -104,24 +131,16 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     dp->out_tail = o;
     pthread_mutex_unlock(&dp->out_lock);
     uint64_t one = 1;
-    ssize_t w = write(dp->efd, &one, sizeof(one));
-    (void)w;
+    ssize_t wr = write(dp->efd, &one, sizeof(one));
+    (void)wr;
 }
 
 /* Runs a request and queues its reply. */
 static void run(struct dataplane *dp, struct dp_req *req) {
     struct dp_reply r;
     dp_reply_init(&r);
-    if (zmq_msg_size(&req->payload) > dp->max_msg) {
-        struct dp_err err;
-        dp_fail(&err, DP_TOO_LARGE, "payload of %zu bytes exceeds --max-message-mb",
-                zmq_msg_size(&req->payload));
-        size_t n;
-        dp_finish(&r, 0, &err, &n);
-    } else {
-        dataplane_handle(dp->e, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
-                         zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
-    }
+    dataplane_handle(dp->e, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
+                     zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
     size_t len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
     dp_reply_free(&r);
@@ -163,6 +182,10 @@ static void dispatch(struct dataplane *dp, struct dp_req *req) {
     struct worker *w =
         &dp->workers[hash_bytes(zmq_msg_data(&req->id), zmq_msg_size(&req->id)) % dp->nworkers];
     req->next = NULL;
+    req->w = w;
+    req->cost =
+        sizeof(*req) + zmq_msg_size(&req->payload) + frames_size(&req->id, &req->rid, &req->op);
+    atomic_fetch_add(&w->charged, req->cost);
     pthread_mutex_lock(&w->lock);
     if (w->tail)
         w->tail->next = req;
@@ -173,12 +196,20 @@ static void dispatch(struct dataplane *dp, struct dp_req *req) {
     pthread_mutex_unlock(&w->lock);
 }
 
-/* Replies to a malformed request at once from the loop thread. */
-static void reject(struct dataplane *dp, struct dp_req *req, const char *why) {
+/* True while some worker holds its whole budget: the loop then reads no request. */
+static int over_budget(struct dataplane *dp) {
+    for (int i = 0; i < dp->nworkers; i++)
+        if (atomic_load(&dp->workers[i].charged) >= dp->budget) return 1;
+    return 0;
+}
+
+/* Replies to a malformed or oversized request at once from the loop thread (its payload is
+ * freed here, never queued). */
+static void reject(struct dataplane *dp, struct dp_req *req, const char *code, const char *why) {
     struct dp_reply r;
     struct dp_err err;
     dp_reply_init(&r);
-    dp_fail(&err, DP_BAD_REQUEST, "%s", why);
+    dp_fail(&err, code, "%s", why);
     size_t n;
     dp_finish(&r, 0, &err, &n);
     size_t len = r.buf.size;
@@ -228,12 +259,19 @@ static void receive_one(struct dataplane *dp) {
         snprintf(why, sizeof(why),
                  "a request has 3 frames (request id, operation, payload), got %d", nframes - 1);
         if (zmq_msg_size(&req->rid) > MAX_RID) msg_clear(&req->rid);
-        reject(dp, req, why);
+        reject(dp, req, DP_BAD_REQUEST, why);
         return;
     }
     if (zmq_msg_size(&req->rid) == 0 || zmq_msg_size(&req->rid) > MAX_RID) {
         msg_clear(&req->rid);
-        reject(dp, req, "the request id must be 1 to 64 bytes");
+        reject(dp, req, DP_BAD_REQUEST, "the request id must be 1 to 64 bytes");
+        return;
+    }
+    if (zmq_msg_size(&req->payload) > dp->max_msg) {
+        char why[96];
+        snprintf(why, sizeof(why), "payload of %zu bytes exceeds --max-message-mb",
+                 zmq_msg_size(&req->payload));
+        reject(dp, req, DP_TOO_LARGE, why);
         return;
     }
     dispatch(dp, req);
@@ -264,6 +302,7 @@ static void send_replies(struct dataplane *dp) {
         zmq_msg_close(&o->id);
         zmq_msg_close(&o->rid);
         zmq_msg_close(&o->op);
+        if (o->w) atomic_fetch_sub(&o->w->charged, o->cost);
         free(o);
         o = next;
     }
@@ -272,17 +311,24 @@ static void send_replies(struct dataplane *dp) {
 static void *loop_main(void *arg) {
     struct dataplane *dp = arg;
     pthread_setname_np(pthread_self(), "dp-loop");
-    zmq_pollitem_t items[2] = {{dp->sock, 0, ZMQ_POLLIN, 0}, {NULL, dp->efd, ZMQ_POLLIN, 0}};
+    /* The eventfd first: while over budget only it is polled, and the socket is not read. */
+    zmq_pollitem_t items[2] = {{NULL, dp->efd, ZMQ_POLLIN, 0}, {dp->sock, 0, ZMQ_POLLIN, 0}};
+    int paused = 0;
     while (!atomic_load(&dp->stop)) {
-        int n = zmq_poll(items, 2, 100);
+        int over = over_budget(dp);
+        if (over && !paused && dp->e->dpm.read_pauses) metric_inc(dp->e->dpm.read_pauses, 1);
+        paused = over;
+        int reading = !atomic_load(&dp->draining) && !over;
+        items[1].revents = 0;
+        int n = zmq_poll(items, reading ? 2 : 1, 100);
         if (n < 0) {
             if (errno == EINTR) continue;
             log_error(dp->lg, "zmq_poll: %s", zmq_strerror(errno));
             break;
         }
-        if (items[1].revents & ZMQ_POLLIN) send_replies(dp);
-        if ((items[0].revents & ZMQ_POLLIN) && !atomic_load(&dp->draining))
-            for (int i = 0; i < 64; i++) {
+        if (items[0].revents & ZMQ_POLLIN) send_replies(dp);
+        if (reading && (items[1].revents & ZMQ_POLLIN))
+            for (int i = 0; i < 64 && !over_budget(dp); i++) {
                 int ev = 0;
                 size_t len = sizeof(ev);
                 if (zmq_getsockopt(dp->sock, ZMQ_EVENTS, &ev, &len) < 0 || !(ev & ZMQ_POLLIN))
@@ -309,6 +355,7 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         return NULL;
     }
     dp->max_msg = max_message_bytes;
+    dp->budget = (size_t)e->cfg->worker_queue_mb << 20;
     dp->nworkers = workers > 0 ? workers : 1;
     pthread_mutex_init(&dp->out_lock, NULL);
     dp->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -319,9 +366,10 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     }
     dp->sock = zmq_socket(dp->zctx, ZMQ_ROUTER);
     int64_t cap = (int64_t)max_message_bytes * 4;
-    int linger = 0;
+    int linger = 0, rcvhwm = (int)e->cfg->zmq_rcvhwm;
     zmq_setsockopt(dp->sock, ZMQ_MAXMSGSIZE, &cap, sizeof(cap));
     zmq_setsockopt(dp->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(dp->sock, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm));
     /* libzmq binds interfaces and addresses, not host names: resolve (IPv4 first). */
     char addr[INET6_ADDRSTRLEN] = "";
     if (!strcmp(host, "*") || !strcmp(host, "0.0.0.0")) {

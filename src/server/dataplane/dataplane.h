@@ -4,8 +4,10 @@
 #define LMCACHE_DATAPLANE_DATAPLANE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct engine;
+struct server_config;
 struct dp_reply;
 struct dataplane;
 
@@ -20,5 +22,8 @@ void dataplane_stop(struct dataplane *dp);
  * and so do the fuzz driver and unit tests. The reply is always complete. */
 void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
                       size_t len, struct dp_reply *reply);
+
+/* Largest reply a request may build: --max-reply-mb, or --max-message-mb when that is 0. */
+uint64_t dp_max_reply_bytes(const struct server_config *cfg);
 
 #endif

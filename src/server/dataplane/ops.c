@@ -17,8 +17,6 @@
 #include "server/l2/controller.h"
 #include "server/session.h"
 
-#define MAX_CHUNKS (1u << 20)
-
 struct op_ctx {
     struct engine *e;
     const struct dp_map *m;
@@ -41,7 +39,52 @@ static void range_free(struct chunk_range *cr) {
     free(cr->hash_len);
 }
 
-static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr) {
+/* Orders chunk hashes by (length, bytes) to find repeats. */
+struct hash_ref {
+    const uint8_t *h;
+    uint8_t len;
+    uint32_t idx;
+};
+
+static int hash_ref_cmp(const void *a, const void *b) {
+    const struct hash_ref *x = a, *y = b;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    int c = memcmp(x->h, y->h, x->len);
+    if (c) return c;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* A chunk named twice in one range would be locked, copied or replied twice: every count and
+ * size a request causes must follow from distinct objects. */
+static int check_distinct(struct op_ctx *o, const struct chunk_range *cr) {
+    uint32_t n = cr->end_chunk - cr->start_chunk;
+    if (n < 2) return 0;
+    struct hash_ref *v = malloc((size_t)n * sizeof(*v));
+    if (!v) {
+        dp_fail(o->err, DP_INTERNAL, "out of memory");
+        return -1;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        v[i].h = cr->hashes[cr->start_chunk + i];
+        v[i].len = cr->hash_len[cr->start_chunk + i];
+        v[i].idx = cr->start_chunk + i;
+    }
+    qsort(v, n, sizeof(*v), hash_ref_cmp);
+    int rc = 0;
+    for (uint32_t i = 1; i < n && rc == 0; i++)
+        if (v[i].len == v[i - 1].len && !memcmp(v[i].h, v[i - 1].h, v[i].len)) {
+            dp_fail(o->err, DP_BAD_REQUEST, "chunk_hashes[%u] repeats chunk_hashes[%u]", v[i].idx,
+                    v[i - 1].idx);
+            rc = -1;
+        }
+    free(v);
+    return rc;
+}
+
+/* ranks: objects per chunk the operation touches (world_size for lookup, else 1). Every
+ * allocation is sized by the chunks of the prompt up to `end` (what the client sent) and the
+ * range is held to --max-request-objects before anything proportional to it is allocated. */
+static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr, uint32_t ranks) {
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size;
     if (dp_cstr(o->m, "cache_salt", 0, cr->salt, sizeof(cr->salt), o->err) < 0) return -1;
     if (keys_check_cache_salt(cr->salt, strlen(cr->salt), o->err->message,
@@ -50,57 +93,26 @@ static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr) {
         return -1;
     }
     const msgpack_object *hv = dp_get(o->m, "chunk_hashes");
-    uint32_t total = 0;
-    if (hv && dp_get(o->m, "token_ids")) {
+    const msgpack_object *tv = dp_get(o->m, "token_ids");
+    if (hv && tv) {
         dp_fail(o->err, DP_BAD_REQUEST, "send either 'token_ids' or 'chunk_hashes', not both");
         return -1;
     }
-    if (hv) {
-        if (hv->type != MSGPACK_OBJECT_ARRAY) {
-            dp_fail(o->err, DP_BAD_REQUEST, "field 'chunk_hashes' must be an array");
-            return -1;
-        }
-        total = hv->via.array.size;
-        if (total > MAX_CHUNKS) {
-            dp_fail(o->err, DP_BAD_REQUEST, "too many chunk hashes");
-            return -1;
-        }
-        cr->hashes = calloc(total ? total : 1, sizeof(*cr->hashes));
-        cr->hash_len = calloc(total ? total : 1, 1);
-        if (!cr->hashes || !cr->hash_len) goto oom;
-        for (uint32_t i = 0; i < total; i++) {
-            const msgpack_object *h = &hv->via.array.ptr[i];
-            const char *p = h->type == MSGPACK_OBJECT_BIN ? h->via.bin.ptr : NULL;
-            uint32_t n = h->type == MSGPACK_OBJECT_BIN ? h->via.bin.size : 0;
-            if (!p || n == 0 || n > KEYS_HASH_LEN) {
-                dp_fail(o->err, DP_BAD_REQUEST, "chunk_hashes[%u] must be bin of 1..32 bytes", i);
-                return -1;
-            }
-            memcpy(cr->hashes[i], p, n);
-            cr->hash_len[i] = (uint8_t)n;
-        }
-    } else {
-        uint32_t *tokens = NULL, ntok = 0;
-        if (dp_u32_array(o->m, "token_ids", 0, &tokens, &ntok, o->err) < 0) return -1;
-        if (!tokens) {
-            dp_fail(o->err, DP_BAD_REQUEST,
-                    "missing required field 'token_ids' (or 'chunk_hashes')");
-            return -1;
-        }
-        total = ntok / cs;
-        cr->hashes = calloc(total ? total : 1, sizeof(*cr->hashes));
-        cr->hash_len = malloc(total ? total : 1);
-        if (!cr->hashes || !cr->hash_len) {
-            free(tokens);
-            goto oom;
-        }
-        long got = keys_prefix_hashes(o->e->seed, tokens, ntok, cs, cr->hashes, total);
-        free(tokens);
-        if (got < 0 || (uint32_t)got != total) {
-            dp_fail(o->err, DP_INTERNAL, "hashing failed");
-            return -1;
-        }
-        memset(cr->hash_len, KEYS_HASH_LEN, total ? total : 1);
+    if (!hv && !tv) {
+        dp_fail(o->err, DP_BAD_REQUEST, "missing required field 'token_ids' (or 'chunk_hashes')");
+        return -1;
+    }
+    const msgpack_object *arr = hv ? hv : tv;
+    if (arr->type != MSGPACK_OBJECT_ARRAY) {
+        dp_fail(o->err, DP_BAD_REQUEST, "field '%s' must be an array",
+                hv ? "chunk_hashes" : "token_ids");
+        return -1;
+    }
+    uint64_t total = hv ? arr->via.array.size : arr->via.array.size / cs; /* chunks sent */
+    if (total > DP_MAX_PROMPT_CHUNKS) {
+        dp_fail(o->err, DP_TOO_LARGE, "the prompt has %llu chunks, over the limit of %u",
+                (unsigned long long)total, DP_MAX_PROMPT_CHUNKS);
+        return -1;
     }
     int64_t start = 0, end = (int64_t)total * cs;
     if (dp_int(o->m, "start", 0, 0, INT64_MAX, &start, o->err) < 0) return -1;
@@ -118,6 +130,45 @@ static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr) {
     }
     cr->start_chunk = (uint32_t)(start / cs);
     cr->end_chunk = (uint32_t)end_chunk;
+    uint64_t objects = (uint64_t)(cr->end_chunk - cr->start_chunk) * ranks;
+    if (objects > (uint64_t)o->e->cfg->max_request_objects) {
+        dp_fail(o->err, DP_TOO_LARGE,
+                "%u chunks x %u ranks = %llu objects, over --max-request-objects %ld",
+                cr->end_chunk - cr->start_chunk, ranks, (unsigned long long)objects,
+                o->e->cfg->max_request_objects);
+        return -1;
+    }
+    /* Hashes of chunks [0, end_chunk) only: chunks past the range are never needed. */
+    uint32_t nh = cr->end_chunk;
+    cr->hashes = calloc(nh ? nh : 1, sizeof(*cr->hashes));
+    cr->hash_len = calloc(nh ? nh : 1, 1);
+    if (!cr->hashes || !cr->hash_len) goto oom;
+    if (hv) {
+        for (uint32_t i = 0; i < hv->via.array.size; i++) {
+            const msgpack_object *h = &hv->via.array.ptr[i];
+            const char *p = h->type == MSGPACK_OBJECT_BIN ? h->via.bin.ptr : NULL;
+            uint32_t n = h->type == MSGPACK_OBJECT_BIN ? h->via.bin.size : 0;
+            if (!p || n == 0 || n > KEYS_HASH_LEN) {
+                dp_fail(o->err, DP_BAD_REQUEST, "chunk_hashes[%u] must be bin of 1..32 bytes", i);
+                return -1;
+            }
+            if (i < nh) {
+                memcpy(cr->hashes[i], p, n);
+                cr->hash_len[i] = (uint8_t)n;
+            }
+        }
+    } else {
+        uint32_t *tokens = NULL, ntok = 0;
+        if (dp_u32_array(o->m, "token_ids", 1, &tokens, &ntok, o->err) < 0) return -1;
+        long got = keys_prefix_hashes(o->e->seed, tokens, ntok, cs, cr->hashes, nh);
+        free(tokens);
+        if (got < 0 || (uint32_t)got != nh) {
+            dp_fail(o->err, DP_INTERNAL, "hashing failed");
+            return -1;
+        }
+        memset(cr->hash_len, KEYS_HASH_LEN, nh ? nh : 1);
+    }
+    if (hv && check_distinct(o, cr) < 0) return -1;
     return 0;
 oom:
     dp_fail(o->err, DP_INTERNAL, "out of memory");
@@ -125,9 +176,9 @@ oom:
 }
 
 /* Parses the chunk fields; on failure nothing stays allocated. */
-static int parse_range(struct op_ctx *o, struct chunk_range *cr) {
+static int parse_range(struct op_ctx *o, struct chunk_range *cr, uint32_t ranks) {
     memset(cr, 0, sizeof(*cr));
-    if (parse_range_fields(o, cr) < 0) {
+    if (parse_range_fields(o, cr, ranks) < 0) {
         range_free(cr);
         memset(cr, 0, sizeof(*cr));
         return -1;
@@ -410,7 +461,7 @@ static int op_store(struct op_ctx *o) {
     int rc = -1;
     if (!c) return -1;
     metric_inc(o->e->dpm.stores_submitted, 1);
-    if (parse_range(o, &cr) < 0) goto out;
+    if (parse_range(o, &cr, 1) < 0) goto out;
     if (parse_blocks(o, c, &cr, &blocks) < 0) goto out_range;
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t t0 = clock_mono_ns(), bytes = 0;
@@ -456,7 +507,7 @@ static int op_retrieve(struct op_ctx *o) {
     int64_t skip = 0;
     if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) goto out;
     if (dp_int(o->m, "skip_first_n_tokens", 0, 0, INT64_MAX, &skip, o->err) < 0) goto out;
-    if (parse_range(o, &cr) < 0) goto out;
+    if (parse_range(o, &cr, 1) < 0) goto out;
     if (parse_blocks(o, c, &cr, &blocks) < 0) goto out_range;
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t size = kv_object_bytes(&c->layout, cs), t0 = clock_mono_ns(), bytes = 0;
@@ -532,7 +583,7 @@ static int op_store_bytes(struct op_ctx *o) {
     uint32_t n;
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
     if (dp_array(o->m, "chunks", 1, &chunks, &n, o->err) < 0) return -1;
-    if (parse_range(o, &cr) < 0) return -1;
+    if (parse_range(o, &cr, 1) < 0) return -1;
     int rc = 0;
     if (n != cr.end_chunk - cr.start_chunk) {
         dp_fail(o->err, DP_BAD_REQUEST, "%u chunks sent for a range of %u chunks", n,
@@ -557,16 +608,23 @@ static int op_store_bytes(struct op_ctx *o) {
     return rc;
 }
 
+uint64_t dp_max_reply_bytes(const struct server_config *cfg) {
+    long mb = cfg->max_reply_mb > 0 ? cfg->max_reply_mb : cfg->max_message_mb;
+    return (uint64_t)mb << 20;
+}
+
 static int op_retrieve_bytes(struct op_ctx *o) {
     char model[KEYS_MODEL_NAME_MAX + 1], rid[SESSION_ID_MAX + 1] = "";
     uint32_t ws, rank;
     struct chunk_range cr;
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
     if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) return -1;
-    if (parse_range(o, &cr) < 0) return -1;
-    /* Lock the leading present chunks first, so the reply can be sized exactly and each chunk
-     * copied once, straight from L1 into the reply. */
+    if (parse_range(o, &cr, 1) < 0) return -1;
+    /* Lock the leading present chunks first, so the reply can be sized exactly (and held to
+     * --max-reply-mb before it is built) and each chunk copied once, straight from L1 into the
+     * reply. */
     uint32_t want = cr.end_chunk - cr.start_chunk, got = 0;
+    uint64_t cap = dp_max_reply_bytes(o->e->cfg);
     struct l1_key *keys = calloc(want ? want : 1, sizeof(*keys));
     struct l1_ref *refs = calloc(want ? want : 1, sizeof(*refs));
     uint64_t t0 = clock_mono_ns(), bytes = 0;
@@ -581,6 +639,16 @@ static int op_retrieve_bytes(struct op_ctx *o) {
             break;
         }
         if (read_chunk(o, rid, &keys[got], ch, rank, &refs[got]) < 0) break;
+        /* bin32 header per chunk, plus the reply map's other fields */
+        if (bytes + refs[got].size + (uint64_t)(got + 1) * 8 + 256 > cap) {
+            l1_finish_read(o->e->l1, &keys[got], 1, o->now);
+            dp_fail(o->err, DP_TOO_LARGE,
+                    "the %u chunks present from chunk %u on exceed --max-reply-mb (%llu bytes); "
+                    "ask for fewer",
+                    got + 1, cr.start_chunk, (unsigned long long)cap);
+            rc = -1;
+            break;
+        }
         bytes += refs[got].size;
         got++;
     }
@@ -712,7 +780,7 @@ static int op_lookup(struct op_ctx *o) {
     if (parse_model(o, model, sizeof(model)) < 0) return -1;
     if (dp_int(o->m, "world_size", 0, 1, 255, &ws, o->err) < 0) return -1;
     if (dp_int(o->m, "num_kv_readers", 0, 1, DP_MAX_KV_READERS, &readers, o->err) < 0) return -1;
-    if (parse_range(o, &cr) < 0) return -1;
+    if (parse_range(o, &cr, (uint32_t)ws) < 0) return -1;
     uint32_t nch = cr.end_chunk - cr.start_chunk;
     struct session *s = calloc(1, sizeof(*s));
     if (s) s->objs = calloc((size_t)(nch ? nch : 1) * (size_t)ws, sizeof(*s->objs));

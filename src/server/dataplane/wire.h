@@ -32,6 +32,10 @@ struct dp_err {
 /* Largest num_kv_readers of a lookup (read locks per object; L1 counts at most 65535 holders). */
 #define DP_MAX_KV_READERS 1024
 
+/* Chunks one request's prompt may have (chunk_hashes, or token_ids / chunk_size): bounds the
+ * hashes a request makes the server compute and hold. */
+#define DP_MAX_PROMPT_CHUNKS (1u << 20)
+
 /* Elements (of any type) one payload may hold: bounds the decoder's memory (~24 B each). */
 #define DP_MAX_ELEMENTS (16u << 20)
 
@@ -52,7 +56,13 @@ const msgpack_object *dp_get(const struct dp_map *m, const char *name);
 int dp_int(const struct dp_map *m, const char *name, int required, int64_t min, int64_t max,
            int64_t *out, struct dp_err *err);
 int dp_bool(const struct dp_map *m, const char *name, int required, int *out, struct dp_err *err);
-/* A string that must fit maxlen bytes; *s points into the frame (not NUL-terminated). */
+/* Length of the longest prefix of s[0..len) that is valid UTF-8 text without control characters
+ * (U+0000-U+001F, U+007F-U+009F); len when the whole string is. */
+size_t dp_text_check(const char *s, size_t len);
+
+/* A string that must fit maxlen bytes and be valid UTF-8 text (dp_text_check: such strings reach
+ * metric labels, logs, JSON and L2 object names); *s points into the frame (not
+ * NUL-terminated). */
 int dp_str(const struct dp_map *m, const char *name, int required, size_t maxlen, const char **s,
            size_t *len, struct dp_err *err);
 /* A string copied NUL-terminated into out (cap bytes including the NUL). */
