@@ -154,6 +154,13 @@ static void fail(struct mrpc_reply *r, int status, const char *msg) {
     snprintf(r->msg, sizeof(r->msg), "%s", msg);
 }
 
+/* INVALID_ARGUMENT for a string that is not text (mwire_text_check). */
+static void text_fail(struct mrpc_reply *r, int t, const char *field) {
+    r->status = MRPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof(r->msg), "%s %s", field,
+             t == MWIRE_TEXT_NUL ? "must not contain NUL bytes" : "must be valid UTF-8");
+}
+
 #define FAIL(r, st, msg)                                                                           \
     do {                                                                                           \
         fail(r, st, msg);                                                                          \
@@ -169,6 +176,12 @@ static void reply(struct mrpc_reply *r, const ProtobufCMessage *msg) {
     }
     r->len = protobuf_c_message_pack(msg, r->buf);
     r->status = MRPC_OK;
+}
+
+static bool check_tier(int tier, struct mrpc_reply *r) {
+    if (mstore_tier_valid(tier)) return true;
+    fail(r, MRPC_INVALID_ARGUMENT, "tier must be TIER_UNKNOWN, TIER_HBM, TIER_DRAM or TIER_SSD");
+    return false;
 }
 
 static void caps_from(Umbp__TierCapacity **tc, size_t n, struct mstore_caps *c) {
@@ -268,7 +281,15 @@ static void h_heartbeat(struct master *m, const ProtobufCMessage *in, struct mrp
     struct mstore_caps caps;
     caps_from(q->tier_capacities, q->n_tier_capacities, &caps);
     size_t total = 0;
-    for (size_t i = 0; i < q->n_bundles; i++) total += q->bundles[i]->n_events;
+    /* Every event is checked before any applies, so a rejected heartbeat changes nothing. */
+    for (size_t i = 0; i < q->n_bundles; i++) {
+        const Umbp__EventBundle *b = q->bundles[i];
+        for (size_t k = 0; k < b->n_events; k++) {
+            if (!*b->events[k]->key) FAIL(r, MRPC_INVALID_ARGUMENT, "event key cannot be empty");
+            if (!check_tier((int)b->events[k]->tier, r)) return;
+        }
+        total += b->n_events;
+    }
     struct mstore_event *ev = calloc(total ? total : 1, sizeof(*ev));
     if (!ev) FAIL(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
     int64_t now = m->now_ms();
@@ -576,12 +597,6 @@ out:
 
 /* ---- external KV ---- */
 
-static bool check_tier(int tier, struct mrpc_reply *r) {
-    if (mstore_tier_valid(tier)) return true;
-    fail(r, MRPC_INVALID_ARGUMENT, "tier must be TIER_UNKNOWN, TIER_HBM, TIER_DRAM or TIER_SSD");
-    return false;
-}
-
 static void h_xreport(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r) {
     const Umbp__ReportExternalKvBlocksRequest *q = (const void *)in;
     if (!*q->node_id) FAIL(r, MRPC_INVALID_ARGUMENT, "node_id must not be empty");
@@ -652,6 +667,14 @@ static void h_xmatch_wire(struct master *m, const uint8_t *data, size_t len, str
     if (w == MWIRE_MALFORMED)
         FAIL(r, MRPC_INVALID_ARGUMENT, "MatchExternalKv: request could not be decoded");
     if (w) FAIL(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; i < nk; i++) {
+        int t = mwire_text_check(keys[i].p, keys[i].n);
+        if (t) {
+            free(keys);
+            text_fail(r, t, "hashes");
+            return;
+        }
+    }
     struct mstore_match mt;
     if (m->store->ops->ext_match(m->store, keys, nk, hit, m->now_ms(), &mt)) {
         free(keys);
@@ -860,6 +883,13 @@ void mrpc_dispatch(struct master *m, size_t method, const uint8_t *data, size_t 
         r->status = MRPC_INVALID_ARGUMENT;
         return;
     }
-    IMPL[method].fn(m, in, r);
+    /* protobuf-c hands strings over NUL-terminated: check them on the wire, with their
+     * lengths, before anything reads them as C strings. */
+    const char *field;
+    int t = mwire_check_strings(IMPL[method].desc, data, len, &field);
+    if (t)
+        text_fail(r, t, field);
+    else
+        IMPL[method].fn(m, in, r);
     protobuf_c_message_free_unpacked(in, NULL);
 }
