@@ -124,3 +124,148 @@ def test_heartbeat_events_with_bad_tier_or_empty_key_are_rejected(master):
     assert h.acked_seq == 1 and not h.request_full_sync
     assert list(s.BatchLookup(pb.BatchLookupRequest(keys=["hk"])).found) == [True]
     s.UnregisterClient(pb.UnregisterClientRequest(node_id="hbv"))
+
+
+# ---- ReportMetrics: /metrics stays parseable whatever the clients send ----
+
+def assert_promtool_clean(text):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian package prometheus) is required"
+    p = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    out = (p.stdout + p.stderr).strip()
+    # 0: clean; 3: lint findings only (the reference's own names have some, e.g. a gauge named
+    # mori_umbp_client_count); 1 with "error while linting": the text does not parse.
+    assert p.returncode in (0, 3) and "error" not in out, out
+
+
+def sample(name, labels=(), **kw):
+    return pb.MetricSample(name=name, labels=[pb.MetricLabel(name=k, value=v) for k, v in labels],
+                           **kw)
+
+
+def hist(bounds, buckets, count, total=1.0):
+    return pb.HistogramAggregate(bounds=bounds, bucket_counts=buckets, count=count, sum=total)
+
+
+BAD_SAMPLES = [
+    (sample("hard_bad", [("a:b", "x")], gauge_value=1), r'label name "a:b" is not valid'),
+    (sample("hard_bad", [("node", "spoofed")], gauge_value=1), r'label name "node" is reserved'),
+    (sample("hard_bad", [("__name__", "other")], gauge_value=1), r'"__name__" is not valid'),
+    (sample("hard_bad", [("__meta", "x")], counter_delta=1), r'"__meta" is not valid'),
+    (sample("hard_bad", [("", "x")], gauge_value=1), r'label name "" is not valid'),
+    (sample("hard_bad", [("k", "1"), ("k", "2")], gauge_value=1), r'"k" is repeated'),
+    (sample("hard-bad", gauge_value=1), "not a valid metric name"),
+    (sample("1hard", gauge_value=1), "not a valid metric name"),
+    (sample("", gauge_value=1), "not a valid metric name"),
+    (sample("hard_h", [("le", "1")], histogram_aggregate=hist([1.0], [1], 1)), '"le" is reserved'),
+    (sample("hard_h", histogram_aggregate=hist([2.0, 1.0], [1, 2], 2)), "strictly increasing"),
+    (sample("hard_h", histogram_aggregate=hist([1.0, 1.0], [1, 2], 2)), "strictly increasing"),
+    (sample("hard_h", histogram_aggregate=hist([1.0, 2.0], [3, 2], 3)), "cumulative"),
+    (sample("hard_h", histogram_aggregate=hist([1.0, float("inf")], [1, 2], 2)), "finite"),
+    (sample("hard_h", histogram_aggregate=hist([1.0, float("nan")], [1, 2], 2)), "finite"),
+    (sample("hard_h", histogram_aggregate=hist([1.0, 2.0], [1], 2)), "bucket count differs"),
+    (sample("hard_h", histogram_aggregate=hist([1.0, 2.0], [1, 5], 4)), r"exceed count"),
+]
+
+
+@pytest.mark.parametrize("bad,msg", BAD_SAMPLES, ids=[str(i) for i in range(len(BAD_SAMPLES))])
+def test_report_metrics_rejects_bad_samples_and_metrics_stay_parseable(master, bad, msg):
+    s = stub(master)
+    good = sample("hard_good_bytes", [("k", "v")], gauge_value=7)
+    # The bad sample comes second: the whole call is refused, the good one is not relayed.
+    rejected(s.ReportMetrics, pb.ReportMetricsRequest(
+        node_id="relay_bad", metrics=[sample("hard_not_applied", gauge_value=1), bad]),
+        match=r"^metrics\[1\]: .*" + msg)
+    s.ReportMetrics(pb.ReportMetricsRequest(node_id="relay_bad", metrics=[good]))
+    text = master.metrics()
+    assert_promtool_clean(text)
+    assert 'hard_good_bytes{node="relay_bad",k="v"} 7\n' in text
+    assert "hard_not_applied" not in text and "spoofed" not in text
+
+
+def test_report_metrics_escapes_help_and_label_values(master):
+    s = stub(master)
+    s.ReportMetrics(pb.ReportMetricsRequest(node_id="esc\"node\\\n", metrics=[
+        sample("hard_escaped_bytes", [("path", 'a"b\\c\nd')], help="line1\nline2 back\\slash \"q\"",
+               gauge_value=3),
+        sample("hard_escaped_hist_seconds", [("rpc", "x\ny")], help="h\\\n",
+               histogram_aggregate=hist([0.1, 2.5], [1, 2], 3, 0.3)),
+    ]))
+    text = master.metrics()
+    assert_promtool_clean(text)
+    assert '# HELP hard_escaped_bytes line1\\nline2 back\\\\slash "q"\n' in text
+    assert ('hard_escaped_bytes{node="esc\\"node\\\\\\n",path="a\\"b\\\\c\\nd"} 3\n') in text
+    assert ('hard_escaped_hist_seconds_bucket{node="esc\\"node\\\\\\n",rpc="x\\ny",le="0.1"} 1\n'
+            in text)
+    assert 'hard_escaped_hist_seconds_sum{node="esc\\"node\\\\\\n",rpc="x\\ny"} 0.3\n' in text
+
+
+def test_report_metrics_gauges_print_exactly(master):
+    s = stub(master)
+    values = {"hard_int_bytes": (123456789, "123456789"), "hard_big_bytes": (2**53, "9007199254740992"),
+              "hard_tenth_ratio": (0.1, "0.1"), "hard_third_ratio": (1 / 3, "0.3333333333333333"),
+              "hard_neg_ratio": (-2.5, "-2.5"), "hard_huge_ratio": (1e300, "1e+300"),
+              "hard_nan_ratio": (float("nan"), "NaN"), "hard_inf_ratio": (float("inf"), "+Inf")}
+    s.ReportMetrics(pb.ReportMetricsRequest(node_id="exact", metrics=[
+        sample(n, gauge_value=v) for n, (v, _) in values.items()]))
+    text = master.metrics()
+    assert_promtool_clean(text)
+    for n, (v, shown) in values.items():
+        line = re.search(r'^%s\{node="exact"\} (\S+)$' % n, text, re.M)
+        assert line and line.group(1) == shown, (n, line and line.group(1))
+        if v == v:
+            assert float(line.group(1)) == v  # reads back exactly
+
+
+def test_report_metrics_name_collisions_are_dropped(master):
+    s = stub(master)
+    s.ReportMetrics(pb.ReportMetricsRequest(node_id="coll", metrics=[
+        sample("mori_umbp_client_count", gauge_value=99),  # the master's own family
+        sample("mori_umbp_client", histogram_aggregate=hist([1.0], [0], 0)),  # ..._count
+        sample("hard_coll_seconds", histogram_aggregate=hist([1.0], [1], 1)),
+        sample("hard_coll_seconds_count", gauge_value=5),  # a line of the histogram above
+        sample("hard_coll_seconds_bucket", counter_delta=5),
+        sample("hard_coll_ok_bytes", gauge_value=5),
+    ]))
+    text = master.metrics()
+    assert_promtool_clean(text)
+    assert 'mori_umbp_client_count{' not in text
+    assert "mori_umbp_client_bucket" not in text
+    assert 'hard_coll_seconds_count{node="coll"} 1\n' in text
+    assert "hard_coll_seconds_count{node=\"coll\"} 5" not in text
+    assert 'hard_coll_ok_bytes{node="coll"} 5\n' in text
+
+
+def test_report_metrics_bad_tags_do_not_become_labels(master):
+    s = stub(master)
+    s.RegisterClient(pb.RegisterClientRequest(node_id="tagged", tags=[
+        "a:b=1", "node=evil", "__name__=x", "__x=y", "le=2", "tier=t", "=v", "ok_tag=v",
+        "ok_tag=w", "quote=\"\n\\"]))
+    s.ReportMetrics(pb.ReportMetricsRequest(node_id="tagged", metrics=[
+        sample("hard_tagged_bytes", [("ok_tag", "from_sample"), ("x", "1")], gauge_value=1),
+        sample("hard_tagged_seconds", histogram_aggregate=hist([1.0], [1], 1))]))
+    s.Heartbeat(pb.HeartbeatRequest(node_id="tagged", tier_kv_counts=[
+        pb.TierKvCount(tier=pb.TIER_DRAM, count=3)]))
+    text = master.metrics()
+    assert_promtool_clean(text)
+    labels = '{node="tagged",ok_tag="v",quote="\\"\\n\\\\"'
+    assert "hard_tagged_bytes" + labels + ',x="1"} 1\n' in text
+    assert "hard_tagged_seconds_bucket" + labels + ',le="1"} 1\n' in text
+    assert "mori_umbp_client_kv_live_count" + labels + ',tier="DRAM"} 3\n' in text
+    assert "evil" not in text
+    s.UnregisterClient(pb.UnregisterClientRequest(node_id="tagged"))
+
+
+def test_report_metrics_histogram_bounds_must_match_the_first(master):
+    s = stub(master)
+    s.ReportMetrics(pb.ReportMetricsRequest(node_id="hb", metrics=[
+        sample("hard_merge_seconds", histogram_aggregate=hist([1.0, 2.0], [1, 2], 3, 1.5))]))
+    s.ReportMetrics(pb.ReportMetricsRequest(node_id="hb", metrics=[  # same count, other bounds
+        sample("hard_merge_seconds", histogram_aggregate=hist([1.0, 3.0], [5, 5], 5, 1.5))]))
+    s.ReportMetrics(pb.ReportMetricsRequest(node_id="hb", metrics=[
+        sample("hard_merge_seconds", histogram_aggregate=hist([1.0, 2.0], [1, 1], 1, 0.5))]))
+    text = master.metrics()
+    assert_promtool_clean(text)
+    assert 'hard_merge_seconds_bucket{node="hb",le="2"} 3\n' in text
+    assert 'hard_merge_seconds_count{node="hb"} 4\n' in text
+    assert 'hard_merge_seconds_sum{node="hb"} 2\n' in text
