@@ -210,8 +210,41 @@ static int64_t stale_after_ms(const struct master *m) {
 
 /* ---- membership ---- */
 
+/* The sizes a registration may have (its record lives until unregister or expiry). */
+static bool check_registration(const struct master *m, const Umbp__RegisterClientRequest *q,
+                               struct mrpc_reply *r) {
+    char msg[128];
+    if (q->engine_desc.len > m->cfg.max_engine_desc_bytes) {
+        snprintf(msg, sizeof(msg), "engine_desc exceeds LMCACHE_MASTER_MAX_ENGINE_DESC_BYTES=%llu",
+                 (unsigned long long)m->cfg.max_engine_desc_bytes);
+        fail(r, MRPC_INVALID_ARGUMENT, msg);
+        return false;
+    }
+    const char *names[] = {"node_id", "node_address", "peer_address"};
+    const char *vals[] = {q->node_id, q->node_address, q->peer_address};
+    for (size_t i = 0; i < 3; i++)
+        if (strlen(vals[i]) > MSTORE_MAX_STRING) {
+            snprintf(msg, sizeof(msg), "%s exceeds %d bytes", names[i], MSTORE_MAX_STRING);
+            fail(r, MRPC_INVALID_ARGUMENT, msg);
+            return false;
+        }
+    if (q->n_tags > MSTORE_MAX_TAGS) {
+        snprintf(msg, sizeof(msg), "tags: more than %d", MSTORE_MAX_TAGS);
+        fail(r, MRPC_INVALID_ARGUMENT, msg);
+        return false;
+    }
+    for (size_t i = 0; i < q->n_tags; i++)
+        if (strlen(q->tags[i]) > MSTORE_MAX_STRING) {
+            snprintf(msg, sizeof(msg), "tags entry exceeds %d bytes", MSTORE_MAX_STRING);
+            fail(r, MRPC_INVALID_ARGUMENT, msg);
+            return false;
+        }
+    return true;
+}
+
 static void h_register(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r) {
     const Umbp__RegisterClientRequest *q = (const void *)in;
+    if (!check_registration(m, q, r)) return;
     struct mstore_reg reg = {
         .node_id = q->node_id,
         .node_address = q->node_address,
@@ -864,7 +897,9 @@ static void log_expired(const char *id, void *arg) {
 }
 
 size_t mrpc_reap(struct master *m, int64_t now_ms) {
-    size_t n = m->store->ops->expire_stale(m->store, now_ms - stale_after_ms(m), log_expired, m);
+    int64_t cutoff = now_ms - stale_after_ms(m);
+    size_t n = m->store->ops->expire_stale(
+        m->store, cutoff, cutoff - (int64_t)m->cfg.expired_retention_sec * 1000, log_expired, m);
     if (n) met_client_count(m);
     return n;
 }

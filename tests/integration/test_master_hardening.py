@@ -269,3 +269,101 @@ def test_report_metrics_histogram_bounds_must_match_the_first(master):
     assert 'hard_merge_seconds_bucket{node="hb",le="2"} 3\n' in text
     assert 'hard_merge_seconds_count{node="hb"} 4\n' in text
     assert 'hard_merge_seconds_sum{node="hb"} 2\n' in text
+
+
+# ---- registrations are bounded; reaped nodes give their memory back ----
+
+MIB = 1 << 20
+
+
+def test_engine_desc_is_capped(master):
+    s = stub(master)
+    rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="fat", engine_desc=b"x" * (MIB + 1)),
+             match=r"^engine_desc exceeds LMCACHE_MASTER_MAX_ENGINE_DESC_BYTES=1048576$")
+    # Nothing was registered: the same id registers fine with the largest allowed desc.
+    s.RegisterClient(pb.RegisterClientRequest(node_id="fat", engine_desc=b"x" * MIB))
+    s.UnregisterClient(pb.UnregisterClientRequest(node_id="fat"))
+
+
+def test_engine_desc_cap_is_a_knob():
+    m = Master(env={"LMCACHE_MASTER_MAX_ENGINE_DESC_BYTES": "100"}, metrics=False)
+    try:
+        s = stub(m)
+        rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="n", engine_desc=b"x" * 101),
+                 match="LMCACHE_MASTER_MAX_ENGINE_DESC_BYTES=100$")
+        s.RegisterClient(pb.RegisterClientRequest(node_id="n", engine_desc=b"x" * 100))
+    finally:
+        assert m.stop() == 0
+
+
+def test_registration_strings_and_tags_are_bounded(master):
+    s = stub(master)
+    rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="i" * 4097),
+             match="^node_id exceeds 4096 bytes$")
+    rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="b", peer_address="p" * 4097),
+             match="^peer_address exceeds 4096 bytes$")
+    rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="b", tags=["t=%d" % i for i in range(65)]),
+             match="^tags: more than 64$")
+    rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="b", tags=["t=" + "v" * 4095]),
+             match="^tags entry exceeds 4096 bytes$")
+    s.RegisterClient(pb.RegisterClientRequest(node_id="i" * 4096, peer_address="p" * 4096,
+                                              tags=["t%d=%s" % (i, "v" * 4000) for i in range(64)]))
+    s.UnregisterClient(pb.UnregisterClientRequest(node_id="i" * 4096))
+
+
+FAST_EXPIRY = {"UMBP_HEARTBEAT_TTL_SEC": "1", "UMBP_MAX_MISSED_HEARTBEATS": "1",
+               "UMBP_REAPER_INTERVAL_SEC": "1"}
+
+
+def start_silent_node(s, node):
+    """Registers node with a 1 MiB engine_desc, one block and one external-KV placement."""
+    s.RegisterClient(pb.RegisterClientRequest(node_id=node, peer_address=node + ":1",
+                                              engine_desc=b"d" * MIB))
+    ev = pb.KvEvent(kind=pb.KvEvent.ADD, key=node + "-blk", tier=pb.TIER_DRAM, size=1)
+    assert s.Heartbeat(pb.HeartbeatRequest(
+        node_id=node, bundles=[pb.EventBundle(seq=1, events=[ev])])).acked_seq == 1
+    s.ReportExternalKvBlocks(pb.ReportExternalKvBlocksRequest(
+        node_id=node, hashes=[node + "-h"], tier=pb.TIER_DRAM))
+    assert len(s.MatchExternalKv(pb.MatchExternalKvRequest(hashes=[node + "-h"])).matches) == 1
+
+
+def wait_reaped(s, node, alive="stay"):
+    """Polls (bounded) until the reaper wiped node's entries; alive keeps heartbeating."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        s.Heartbeat(pb.HeartbeatRequest(node_id=alive))
+        gone = not s.MatchExternalKv(pb.MatchExternalKvRequest(hashes=[node + "-h"])).matches
+        if gone and not s.BatchLookup(pb.BatchLookupRequest(keys=[node + "-blk"])).found[0]:
+            return
+        time.sleep(0.1)
+    raise AssertionError("node %s was not reaped" % node)
+
+
+def test_reaped_node_record_is_deleted_after_the_retention():
+    m = Master(env=dict(FAST_EXPIRY, LMCACHE_MASTER_EXPIRED_RETENTION_SEC="0"), metrics=False)
+    try:
+        s = stub(m)
+        s.RegisterClient(pb.RegisterClientRequest(node_id="stay"))
+        start_silent_node(s, "gone")
+        wait_reaped(s, "gone")
+        # The record went with the entries: the node is unknown, not revived by a heartbeat.
+        h = s.Heartbeat(pb.HeartbeatRequest(node_id="gone"))
+        assert h.status == pb.CLIENT_STATUS_UNKNOWN
+        assert s.Heartbeat(pb.HeartbeatRequest(node_id="stay")).status == pb.CLIENT_STATUS_ALIVE
+        s.RegisterClient(pb.RegisterClientRequest(node_id="gone"))  # registers from scratch
+        assert s.Heartbeat(pb.HeartbeatRequest(node_id="gone")).status == pb.CLIENT_STATUS_ALIVE
+    finally:
+        assert m.stop() == 0
+
+
+def test_expired_node_is_revived_by_a_heartbeat_within_the_retention():
+    m = Master(env=FAST_EXPIRY, metrics=False)  # default retention: 300 s
+    try:
+        s = stub(m)
+        s.RegisterClient(pb.RegisterClientRequest(node_id="stay"))
+        start_silent_node(s, "nap")
+        wait_reaped(s, "nap")
+        h = s.Heartbeat(pb.HeartbeatRequest(node_id="nap"))
+        assert h.status == pb.CLIENT_STATUS_ALIVE and h.acked_seq == 1  # the record was kept
+    finally:
+        assert m.stop() == 0
