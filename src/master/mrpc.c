@@ -166,8 +166,11 @@ static void fail(struct mrpc_reply *r, int status, const char *msg) {
 /* INVALID_ARGUMENT for a string that is not text (mwire_text_check). */
 static void text_fail(struct mrpc_reply *r, int t, const char *field) {
     r->status = MRPC_INVALID_ARGUMENT;
-    snprintf(r->msg, sizeof(r->msg), "%s %s", field,
-             t == MWIRE_TEXT_NUL ? "must not contain NUL bytes" : "must be valid UTF-8");
+    if (t == MWIRE_TEXT_LONG)
+        snprintf(r->msg, sizeof(r->msg), "%s exceeds %d bytes", field, MWIRE_MAX_NODE_ID);
+    else
+        snprintf(r->msg, sizeof(r->msg), "%s %s", field,
+                 t == MWIRE_TEXT_NUL ? "must not contain NUL bytes" : "must be valid UTF-8");
 }
 
 #define FAIL(r, st, msg)                                                                           \
@@ -220,9 +223,9 @@ static bool check_registration(const struct master *m, const Umbp__RegisterClien
         fail(r, MRPC_INVALID_ARGUMENT, msg);
         return false;
     }
-    const char *names[] = {"node_id", "node_address", "peer_address"};
-    const char *vals[] = {q->node_id, q->node_address, q->peer_address};
-    for (size_t i = 0; i < 3; i++)
+    const char *names[] = {"node_address", "peer_address"}; /* node_id: mwire_check_strings */
+    const char *vals[] = {q->node_address, q->peer_address};
+    for (size_t i = 0; i < 2; i++)
         if (strlen(vals[i]) > MSTORE_MAX_STRING) {
             snprintf(msg, sizeof(msg), "%s exceeds %d bytes", names[i], MSTORE_MAX_STRING);
             fail(r, MRPC_INVALID_ARGUMENT, msg);

@@ -28,9 +28,9 @@ struct mstore_caps {
     uint64_t avail[MSTORE_NTIERS];
 };
 
-/* Limits of one registration (RegisterClient rejects more): node_id, node_address,
- * peer_address and each tag are at most MSTORE_MAX_STRING bytes. engine_desc has its own
- * limit, a knob of the master. */
+/* Limits of one registration (RegisterClient rejects more): node_address, peer_address
+ * and each tag are at most MSTORE_MAX_STRING bytes (node ids at most 1024, a limit of every
+ * RPC: MWIRE_MAX_NODE_ID). engine_desc has its own limit, a knob of the master. */
 #define MSTORE_MAX_STRING 4096
 #define MSTORE_MAX_TAGS   64
 

@@ -187,6 +187,9 @@ static int check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *
         int rc = f->type == PROTOBUF_C_TYPE_STRING
                      ? mwire_text_check((const char *)p, (size_t)v)
                      : check_strings(f->descriptor, p, (size_t)v, field);
+        if (!rc && f->type == PROTOBUF_C_TYPE_STRING && v > MWIRE_MAX_NODE_ID &&
+            !strcmp(f->name, "node_id"))
+            rc = MWIRE_TEXT_LONG;
         if (rc) {
             if (f->type == PROTOBUF_C_TYPE_STRING) *field = f->name;
             return rc;

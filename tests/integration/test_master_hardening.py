@@ -298,17 +298,22 @@ def test_engine_desc_cap_is_a_knob():
 
 def test_registration_strings_and_tags_are_bounded(master):
     s = stub(master)
-    rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="i" * 4097),
-             match="^node_id exceeds 4096 bytes$")
+    long_id = "i" * 1025
+    for fn, req in ((s.RegisterClient, pb.RegisterClientRequest(node_id=long_id)),
+                    (s.Heartbeat, pb.HeartbeatRequest(node_id=long_id)),
+                    (s.BatchLookup, pb.BatchLookupRequest(node_id=long_id, keys=["k"])),
+                    (s.ReportMetrics, pb.ReportMetricsRequest(node_id=long_id)),
+                    (s.RouteGet, pb.RouteGetRequest(node_id=long_id, key="k"))):
+        rejected(fn, req, match="^node_id exceeds 1024 bytes$")
     rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="b", peer_address="p" * 4097),
              match="^peer_address exceeds 4096 bytes$")
     rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="b", tags=["t=%d" % i for i in range(65)]),
              match="^tags: more than 64$")
     rejected(s.RegisterClient, pb.RegisterClientRequest(node_id="b", tags=["t=" + "v" * 4095]),
              match="^tags entry exceeds 4096 bytes$")
-    s.RegisterClient(pb.RegisterClientRequest(node_id="i" * 4096, peer_address="p" * 4096,
+    s.RegisterClient(pb.RegisterClientRequest(node_id="i" * 1024, peer_address="p" * 4096,
                                               tags=["t%d=%s" % (i, "v" * 4000) for i in range(64)]))
-    s.UnregisterClient(pb.UnregisterClientRequest(node_id="i" * 4096))
+    s.UnregisterClient(pb.UnregisterClientRequest(node_id="i" * 1024))
 
 
 FAST_EXPIRY = {"UMBP_HEARTBEAT_TTL_SEC": "1", "UMBP_MAX_MISSED_HEARTBEATS": "1",

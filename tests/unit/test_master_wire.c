@@ -148,6 +148,27 @@ static void test_check_strings(void **st) {
     assert_int_equal(mwire_check_strings(&umbp__report_metrics_request__descriptor, buf, n, &field),
                      MWIRE_TEXT_UTF8);
     assert_string_equal(field, "value");
+    /* A node_id may be 1024 bytes long, not more; other strings have no such limit here. */
+    static char id[1100];
+    memset(id, 'i', 1025);
+    Umbp__HeartbeatRequest hb = UMBP__HEARTBEAT_REQUEST__INIT;
+    hb.node_id = id;
+    uint8_t big[1200];
+    n = umbp__heartbeat_request__pack(&hb, big);
+    assert_int_equal(mwire_check_strings(&umbp__heartbeat_request__descriptor, big, n, &field),
+                     MWIRE_TEXT_LONG);
+    assert_string_equal(field, "node_id");
+    id[1024] = 0;
+    n = umbp__heartbeat_request__pack(&hb, big);
+    assert_int_equal(mwire_check_strings(&umbp__heartbeat_request__descriptor, big, n, &field),
+                     MWIRE_TEXT_OK);
+    Umbp__RouteGetRequest rg = UMBP__ROUTE_GET_REQUEST__INIT;
+    memset(id, 'k', 1099);
+    rg.key = id;
+    rg.node_id = "n";
+    n = umbp__route_get_request__pack(&rg, big);
+    assert_int_equal(mwire_check_strings(&umbp__route_get_request__descriptor, big, n, &field),
+                     MWIRE_TEXT_OK);
     /* bytes fields are not text: engine_desc may hold anything. */
     Umbp__RegisterClientRequest e = UMBP__REGISTER_CLIENT_REQUEST__INIT;
     e.node_id = "n";
