@@ -34,7 +34,11 @@
     X(min_pollers, "UMBP_MASTER_MIN_POLLERS", 8, 1, 1024, "Accepted for compatibility")            \
     X(max_pollers, "UMBP_MASTER_MAX_POLLERS", 64, 1, 1024, "Accepted for compatibility")           \
     X(threads, "LMCACHE_MASTER_THREADS", 0, 0, 256,                                                \
-      "gRPC completion-queue threads (0 = one per CPU, at least 2)")
+      "gRPC completion-queue threads (0 = one per CPU, at least 2)")                               \
+    X(max_engine_desc_bytes, "LMCACHE_MASTER_MAX_ENGINE_DESC_BYTES", 1048576, 0, UINT32_MAX,       \
+      "Largest engine_desc RegisterClient accepts")                                                \
+    X(expired_retention_sec, "LMCACHE_MASTER_EXPIRED_RETENTION_SEC", 300, 0, UINT32_MAX,           \
+      "How long the record of an expired node is kept (a heartbeat revives it)")
 
 /* X(field, env name, default, allowed values separated by '|', help) */
 #define MCFG_ENUMS(X)                                                                              \

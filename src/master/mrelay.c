@@ -1,7 +1,11 @@
 /* Relayed metrics registry: one mutex; series found through an open-addressing map keyed
- * by "name{labels}". Writes are rare (one ReportMetrics per client per second). */
+ * by "name{labels}". Writes are rare (one ReportMetrics per client per second).
+ *
+ * Whatever clients send, the exposition stays parseable: names are checked, label values
+ * and help are escaped, a family name never collides with another family's lines. */
 #include "master/mrelay.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +38,9 @@ struct mrelay {
     size_t nfams, fcap;
     struct rseries **map;
     size_t mcap, n;
+    char **reserved; /* family names of the master's own registry */
+    size_t nreserved;
+    size_t bytes; /* keys, help texts and histogram arrays held */
 };
 
 static uint64_t shash(const char *s) {
@@ -70,15 +77,18 @@ void mrelay_free(struct mrelay *r) {
     }
     free(r->fams);
     free(r->map);
+    for (size_t i = 0; i < r->nreserved; i++) free(r->reserved[i]);
+    free(r->reserved);
     pthread_mutex_destroy(&r->lock);
     free(r);
 }
 
-static void esc(struct strbuf *sb, const char *s) {
+/* Label values: backslash, double quote and newline; help: backslash and newline. */
+static void esc(struct strbuf *sb, const char *s, bool quote) {
     for (; *s; s++) {
         if (*s == '\\')
             sb_puts(sb, "\\\\");
-        else if (*s == '"')
+        else if (*s == '"' && quote)
             sb_puts(sb, "\\\"");
         else if (*s == '\n')
             sb_puts(sb, "\\n");
@@ -87,22 +97,88 @@ static void esc(struct strbuf *sb, const char *s) {
     }
 }
 
-static int valid_name(const char *s) {
-    if (!*s) return 0;
+static bool name_chars_ok(const char *s, bool colon) {
+    if (!*s) return false;
     for (const char *p = s; *p; p++) {
         char c = *p;
-        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
-                 (p != s && c >= '0' && c <= '9');
-        if (!ok) return 0;
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+                  (colon && c == ':') || (p != s && c >= '0' && c <= '9');
+        if (!ok) return false;
     }
-    return 1;
+    return true;
+}
+
+bool mrelay_metric_name_ok(const char *s) { return name_chars_ok(s, true); }
+
+bool mrelay_label_name_ok(const char *s) {
+    return name_chars_ok(s, false) && strncmp(s, "__", 2) != 0;
+}
+
+const char *mrelay_hist_defect(const double *bounds, size_t nbounds, const uint64_t *buckets,
+                               size_t nbuckets, uint64_t count) {
+    if (nbuckets != nbounds) return "bucket count differs from bound count";
+    for (size_t i = 0; i < nbounds; i++) {
+        if (!isfinite(bounds[i])) return "bounds must be finite (+Inf is implicit)";
+        if (i && !(bounds[i] > bounds[i - 1])) return "bounds must be strictly increasing";
+        if (i && buckets[i] < buckets[i - 1]) return "bucket counts must be cumulative";
+    }
+    if (nbounds && buckets[nbounds - 1] > count) return "bucket counts exceed count (+Inf)";
+    return NULL;
+}
+
+const char *mrelay_fmt_double(double v, char *buf, size_t len) {
+    if (isnan(v)) return "NaN";
+    if (isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
+int mrelay_reserve(struct mrelay *r, const char *name) {
+    pthread_mutex_lock(&r->lock);
+    int rc = -1;
+    char **p = realloc(r->reserved, (r->nreserved + 1) * sizeof(*p));
+    if (p) {
+        r->reserved = p;
+        if ((p[r->nreserved] = strdup(name))) {
+            r->nreserved++;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+/* a is b plus one of the lines' suffixes of a histogram. */
+static bool is_hist_line_of(const char *a, const char *b) {
+    size_t lb = strlen(b);
+    if (strncmp(a, b, lb) != 0) return false;
+    return !strcmp(a + lb, "_bucket") || !strcmp(a + lb, "_count") || !strcmp(a + lb, "_sum");
+}
+
+/* Caller holds the lock. Whether a new family (name, type) would share exposition lines
+ * with an existing or reserved one: a histogram's _bucket/_count/_sum are names too. */
+static bool do_name_clash(const struct mrelay *r, const char *name, enum mrelay_type type) {
+    for (size_t i = 0; i < r->nreserved; i++)
+        if (!strcmp(r->reserved[i], name) ||
+            (type == MRELAY_HISTOGRAM && is_hist_line_of(r->reserved[i], name)))
+            return true;
+    for (size_t i = 0; i < r->nfams; i++) {
+        const struct rfam *f = &r->fams[i];
+        if ((f->type == MRELAY_HISTOGRAM && is_hist_line_of(name, f->name)) ||
+            (type == MRELAY_HISTOGRAM && is_hist_line_of(f->name, name)))
+            return true;
+    }
+    return false;
 }
 
 /* Caller holds the lock. */
 static struct rseries *do_get(struct mrelay *r, const char *name, const char *help,
                               enum mrelay_type type, const struct mrelay_label *l, size_t nl,
                               const char **why) {
-    if (!valid_name(name)) {
+    if (!mrelay_metric_name_ok(name)) {
         *why = "invalid metric name";
         return NULL;
     }
@@ -113,16 +189,25 @@ static struct rseries *do_get(struct mrelay *r, const char *name, const char *he
         *why = "type differs from the first sample of this name";
         return NULL;
     }
+    if (f == r->nfams && do_name_clash(r, name, type)) {
+        *why = "name collides with another metric family";
+        return NULL;
+    }
     struct strbuf k = STRBUF_INIT;
     sb_puts(&k, name);
     size_t lpos = k.len;
     size_t shown = 0;
     for (size_t i = 0; i < nl; i++) {
-        if (!valid_name(l[i].name)) continue;
+        if (!mrelay_label_name_ok(l[i].name) ||
+            (type == MRELAY_HISTOGRAM && !strcmp(l[i].name, "le")))
+            continue;
+        size_t j = 0;
+        while (j < i && strcmp(l[j].name, l[i].name)) j++;
+        if (j < i) continue; /* a repeated name: the first one stands */
         sb_puts(&k, shown++ ? "," : "{");
         sb_puts(&k, l[i].name);
         sb_puts(&k, "=\"");
-        esc(&k, l[i].value ? l[i].value : "");
+        esc(&k, l[i].value ? l[i].value : "", true);
         sb_puts(&k, "\"");
     }
     if (shown) sb_puts(&k, "}");
@@ -136,11 +221,14 @@ static struct rseries *do_get(struct mrelay *r, const char *name, const char *he
     for (; r->map[i]; i = (i + 1) & (r->mcap - 1))
         if (strcmp(r->map[i]->key, k.buf) == 0) {
             sb_free(&k);
-            if (help && *help) {
+            struct rfam *fm = &r->fams[r->map[i]->fam];
+            size_t ol = strlen(fm->help), nl2 = help ? strlen(help) : 0;
+            if (nl2 && strcmp(help, fm->help) && r->bytes - ol + nl2 <= MRELAY_MAX_BYTES) {
                 char *nh = strdup(help); /* help is last-write-wins */
                 if (nh) {
-                    free(r->fams[r->map[i]->fam].help);
-                    r->fams[r->map[i]->fam].help = nh;
+                    free(fm->help);
+                    fm->help = nh;
+                    r->bytes = r->bytes - ol + nl2;
                 }
             }
             return r->map[i];
@@ -148,6 +236,12 @@ static struct rseries *do_get(struct mrelay *r, const char *name, const char *he
     if (r->n >= MRELAY_MAX_SERIES) {
         sb_free(&k);
         *why = "series limit reached";
+        return NULL;
+    }
+    size_t need = k.len + 1 + (f == r->nfams ? strlen(name) + 1 + (help ? strlen(help) : 0) : 0);
+    if (r->bytes + need > MRELAY_MAX_BYTES) {
+        sb_free(&k);
+        *why = "relayed metrics memory limit reached";
         return NULL;
     }
     if (f == r->nfams) {
@@ -170,6 +264,7 @@ static struct rseries *do_get(struct mrelay *r, const char *name, const char *he
     if (!s) goto oom;
     s->key = sb_detach(&k, NULL);
     s->labels = s->key + lpos;
+    r->bytes += need;
     s->fam = f;
     r->map[i] = s;
     r->n++;
@@ -218,14 +313,15 @@ int mrelay_hist_merge(struct mrelay *r, const char *name, const char *help,
                       const uint64_t *buckets, size_t nbuckets, uint64_t count, double sum,
                       const char **why) {
     int rc = -1;
-    if (nbuckets != nbounds) {
-        *why = "bucket count differs from bound count";
-        return -1;
-    }
+    if ((*why = mrelay_hist_defect(bounds, nbounds, buckets, nbuckets, count))) return -1;
     pthread_mutex_lock(&r->lock);
     struct rseries *s = do_get(r, name, help, MRELAY_HISTOGRAM, l, nl, why);
     if (!s) goto out;
     if (!s->bounds && !s->count && !s->nbounds) {
+        if (r->bytes + nbounds * (sizeof(double) + sizeof(uint64_t)) > MRELAY_MAX_BYTES) {
+            *why = "relayed metrics memory limit reached";
+            goto out;
+        }
         s->bounds = calloc(nbounds ? nbounds : 1, sizeof(double));
         s->buckets = calloc(nbounds ? nbounds : 1, sizeof(uint64_t));
         if (!s->bounds || !s->buckets) {
@@ -238,7 +334,9 @@ int mrelay_hist_merge(struct mrelay *r, const char *name, const char *help,
         }
         memcpy(s->bounds, bounds, nbounds * sizeof(double));
         s->nbounds = nbounds;
-    } else if (s->nbounds != nbounds) {
+        r->bytes += nbounds * (sizeof(double) + sizeof(uint64_t));
+    } else if (s->nbounds != nbounds ||
+               (nbounds && memcmp(s->bounds, bounds, nbounds * sizeof(double)))) {
         *why = "bounds differ from the first sample of this series";
         goto out;
     }
@@ -292,27 +390,30 @@ int mrelay_render(struct mrelay *r, struct strbuf *out) {
             if (r->map[i] && r->map[i]->fam == f) ss[ns++] = r->map[i];
         qsort(ss, ns, sizeof(*ss), cmp_series);
         const struct rfam *fam = &r->fams[f];
-        sb_printf(out, "# HELP %s %s\n# TYPE %s %s\n", fam->name, fam->help, fam->name,
-                  TYPE_NAMES[fam->type]);
+        sb_printf(out, "# HELP %s ", fam->name);
+        esc(out, fam->help, false);
+        sb_printf(out, "\n# TYPE %s %s\n", fam->name, TYPE_NAMES[fam->type]);
         for (size_t i = 0; i < ns; i++) {
             const struct rseries *s = ss[i];
             if (fam->type == MRELAY_COUNTER) {
                 sb_printf(out, "%s %llu\n", s->key, (unsigned long long)s->counter);
             } else if (fam->type == MRELAY_GAUGE) {
-                sb_printf(out, "%s %g\n", s->key, s->gauge);
+                char num[32];
+                sb_printf(out, "%s %s\n", s->key, mrelay_fmt_double(s->gauge, num, sizeof(num)));
             } else {
                 for (size_t b = 0; b < s->nbounds; b++) {
-                    char le[64];
-                    snprintf(le, sizeof(le), "%g", s->bounds[b]);
+                    char le[32];
                     sb_printf(out, "%s_bucket", fam->name);
-                    with_le(out, s->labels, le);
+                    with_le(out, s->labels, mrelay_fmt_double(s->bounds[b], le, sizeof(le)));
                     sb_printf(out, " %llu\n", (unsigned long long)s->buckets[b]);
                 }
                 sb_printf(out, "%s_bucket", fam->name);
                 with_le(out, s->labels, "+Inf");
                 sb_printf(out, " %llu\n", (unsigned long long)s->count);
-                sb_printf(out, "%s_sum%s %g\n%s_count%s %llu\n", fam->name, s->labels, s->sum,
-                          fam->name, s->labels, (unsigned long long)s->count);
+                char sum[32];
+                sb_printf(out, "%s_sum%s %s\n%s_count%s %llu\n", fam->name, s->labels,
+                          mrelay_fmt_double(s->sum, sum, sizeof(sum)), fam->name, s->labels,
+                          (unsigned long long)s->count);
             }
         }
         sb_puts(out, "\n");

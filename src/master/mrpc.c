@@ -105,6 +105,15 @@ int mrpc_metrics_init(struct master *m) {
         !t->batch_lookup_found_s)
         goto fail;
     metric_set(t->client_count_s, 0);
+    if (m->relay) {
+        static const char *const names[] = {
+#define MMET_NAME(f, kind, name, labels, help) name,
+            MMET_LIST(MMET_NAME)
+#undef MMET_NAME
+                "mori_umbp_external_kv_live_count"};
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+            if (mrelay_reserve(m->relay, names[i])) goto fail;
+    }
     m->met = t;
     return 0;
 fail:
@@ -154,6 +163,16 @@ static void fail(struct mrpc_reply *r, int status, const char *msg) {
     snprintf(r->msg, sizeof(r->msg), "%s", msg);
 }
 
+/* INVALID_ARGUMENT for a string that is not text (mwire_text_check). */
+static void text_fail(struct mrpc_reply *r, int t, const char *field) {
+    r->status = MRPC_INVALID_ARGUMENT;
+    if (t == MWIRE_TEXT_LONG)
+        snprintf(r->msg, sizeof(r->msg), "%s exceeds %d bytes", field, MWIRE_MAX_NODE_ID);
+    else
+        snprintf(r->msg, sizeof(r->msg), "%s %s", field,
+                 t == MWIRE_TEXT_NUL ? "must not contain NUL bytes" : "must be valid UTF-8");
+}
+
 #define FAIL(r, st, msg)                                                                           \
     do {                                                                                           \
         fail(r, st, msg);                                                                          \
@@ -169,6 +188,12 @@ static void reply(struct mrpc_reply *r, const ProtobufCMessage *msg) {
     }
     r->len = protobuf_c_message_pack(msg, r->buf);
     r->status = MRPC_OK;
+}
+
+static bool check_tier(int tier, struct mrpc_reply *r) {
+    if (mstore_tier_valid(tier)) return true;
+    fail(r, MRPC_INVALID_ARGUMENT, "tier must be TIER_UNKNOWN, TIER_HBM, TIER_DRAM or TIER_SSD");
+    return false;
 }
 
 static void caps_from(Umbp__TierCapacity **tc, size_t n, struct mstore_caps *c) {
@@ -188,8 +213,41 @@ static int64_t stale_after_ms(const struct master *m) {
 
 /* ---- membership ---- */
 
+/* The sizes a registration may have (its record lives until unregister or expiry). */
+static bool check_registration(const struct master *m, const Umbp__RegisterClientRequest *q,
+                               struct mrpc_reply *r) {
+    char msg[128];
+    if (q->engine_desc.len > m->cfg.max_engine_desc_bytes) {
+        snprintf(msg, sizeof(msg), "engine_desc exceeds LMCACHE_MASTER_MAX_ENGINE_DESC_BYTES=%llu",
+                 (unsigned long long)m->cfg.max_engine_desc_bytes);
+        fail(r, MRPC_INVALID_ARGUMENT, msg);
+        return false;
+    }
+    const char *names[] = {"node_address", "peer_address"}; /* node_id: mwire_check_strings */
+    const char *vals[] = {q->node_address, q->peer_address};
+    for (size_t i = 0; i < 2; i++)
+        if (strlen(vals[i]) > MSTORE_MAX_STRING) {
+            snprintf(msg, sizeof(msg), "%s exceeds %d bytes", names[i], MSTORE_MAX_STRING);
+            fail(r, MRPC_INVALID_ARGUMENT, msg);
+            return false;
+        }
+    if (q->n_tags > MSTORE_MAX_TAGS) {
+        snprintf(msg, sizeof(msg), "tags: more than %d", MSTORE_MAX_TAGS);
+        fail(r, MRPC_INVALID_ARGUMENT, msg);
+        return false;
+    }
+    for (size_t i = 0; i < q->n_tags; i++)
+        if (strlen(q->tags[i]) > MSTORE_MAX_STRING) {
+            snprintf(msg, sizeof(msg), "tags entry exceeds %d bytes", MSTORE_MAX_STRING);
+            fail(r, MRPC_INVALID_ARGUMENT, msg);
+            return false;
+        }
+    return true;
+}
+
 static void h_register(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r) {
     const Umbp__RegisterClientRequest *q = (const void *)in;
+    if (!check_registration(m, q, r)) return;
     struct mstore_reg reg = {
         .node_id = q->node_id,
         .node_address = q->node_address,
@@ -233,20 +291,43 @@ static int events_of(const Umbp__EventBundle *b, struct mstore_event *ev) {
     return (int)b->n_events;
 }
 
+/* Labels of a relayed series: node, then the node's tags split at the first '=' (tags
+ * without one, with a name that is not a valid label name, with the name of a label the
+ * master sets itself, or repeating an earlier tag's name are skipped). tags are cut in
+ * place. Returns the count (at most cap). */
+static bool tag_label_reserved(const char *name) {
+    return !strcmp(name, "node") || !strcmp(name, "le") || !strcmp(name, "tier");
+}
+
+static bool label_present(const struct mrelay_label *l, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(l[i].name, name)) return true;
+    return false;
+}
+
+static size_t base_labels(const char *node, char **tags, size_t ntags, struct mrelay_label *l,
+                          size_t cap) {
+    size_t n = 0;
+    l[n++] = (struct mrelay_label){"node", node};
+    for (size_t i = 0; i < ntags && n < cap; i++) {
+        char *eq = strchr(tags[i], '=');
+        if (!eq) continue;
+        *eq = 0;
+        if (!mrelay_label_name_ok(tags[i]) || tag_label_reserved(tags[i]) ||
+            label_present(l, n, tags[i]))
+            continue;
+        l[n++] = (struct mrelay_label){tags[i], eq + 1};
+    }
+    return n;
+}
+
 static void met_kv_live(struct master *m, const Umbp__HeartbeatRequest *q) {
     if (!m->relay || !q->n_tier_kv_counts) return;
     char **tags = NULL;
     size_t ntags = 0;
     if (m->store->ops->client_tags(m->store, q->node_id, &tags, &ntags)) return;
-    struct mrelay_label l[64];
-    size_t nl = 0;
-    l[nl++] = (struct mrelay_label){"node", q->node_id};
-    for (size_t i = 0; i < ntags && nl < 62; i++) {
-        char *eq = strchr(tags[i], '=');
-        if (!eq) continue;
-        *eq = 0;
-        l[nl++] = (struct mrelay_label){tags[i], eq + 1};
-    }
+    struct mrelay_label l[MSTORE_MAX_TAGS + 2];
+    size_t nl = base_labels(q->node_id, tags, ntags, l, MSTORE_MAX_TAGS + 1);
     const char *why;
     double sum = 0;
     for (size_t i = 0; i < q->n_tier_kv_counts; i++) {
@@ -268,7 +349,15 @@ static void h_heartbeat(struct master *m, const ProtobufCMessage *in, struct mrp
     struct mstore_caps caps;
     caps_from(q->tier_capacities, q->n_tier_capacities, &caps);
     size_t total = 0;
-    for (size_t i = 0; i < q->n_bundles; i++) total += q->bundles[i]->n_events;
+    /* Every event is checked before any applies, so a rejected heartbeat changes nothing. */
+    for (size_t i = 0; i < q->n_bundles; i++) {
+        const Umbp__EventBundle *b = q->bundles[i];
+        for (size_t k = 0; k < b->n_events; k++) {
+            if (!*b->events[k]->key) FAIL(r, MRPC_INVALID_ARGUMENT, "event key cannot be empty");
+            if (!check_tier((int)b->events[k]->tier, r)) return;
+        }
+        total += b->n_events;
+    }
     struct mstore_event *ev = calloc(total ? total : 1, sizeof(*ev));
     if (!ev) FAIL(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
     int64_t now = m->now_ms();
@@ -576,12 +665,6 @@ out:
 
 /* ---- external KV ---- */
 
-static bool check_tier(int tier, struct mrpc_reply *r) {
-    if (mstore_tier_valid(tier)) return true;
-    fail(r, MRPC_INVALID_ARGUMENT, "tier must be TIER_UNKNOWN, TIER_HBM, TIER_DRAM or TIER_SSD");
-    return false;
-}
-
 static void h_xreport(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r) {
     const Umbp__ReportExternalKvBlocksRequest *q = (const void *)in;
     if (!*q->node_id) FAIL(r, MRPC_INVALID_ARGUMENT, "node_id must not be empty");
@@ -652,6 +735,14 @@ static void h_xmatch_wire(struct master *m, const uint8_t *data, size_t len, str
     if (w == MWIRE_MALFORMED)
         FAIL(r, MRPC_INVALID_ARGUMENT, "MatchExternalKv: request could not be decoded");
     if (w) FAIL(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; i < nk; i++) {
+        int t = mwire_text_check(keys[i].p, keys[i].n);
+        if (t) {
+            free(keys);
+            text_fail(r, t, "hashes");
+            return;
+        }
+    }
     struct mstore_match mt;
     if (m->store->ops->ext_match(m->store, keys, nk, hit, m->now_ms(), &mt)) {
         free(keys);
@@ -707,10 +798,56 @@ static void h_hit_counts(struct master *m, const ProtobufCMessage *in, struct mr
 
 /* ---- ReportMetrics: relay into the master's registry ---- */
 
+/* NULL when sample s can be relayed on its own merits, else why (the call is then
+ * rejected). Conflicts with what is already registered are not checked here. */
+static const char *sample_defect(const Umbp__MetricSample *s, char *buf, size_t len) {
+    if (strlen(s->name) > MRELAY_MAX_NAME || !mrelay_metric_name_ok(s->name))
+        return "name is not a valid metric name";
+    if (strlen(s->help) > MRELAY_MAX_HELP) return "help is too long";
+    if (s->n_labels > MRELAY_MAX_LABELS) return "too many labels";
+    for (size_t k = 0; k < s->n_labels; k++) {
+        const char *ln = s->labels[k]->name;
+        if (strlen(ln) > MRELAY_MAX_NAME || !mrelay_label_name_ok(ln)) {
+            snprintf(buf, len, "label name \"%.64s\" is not valid", ln);
+            return buf;
+        }
+        if (!strcmp(ln, "node") ||
+            (!strcmp(ln, "le") &&
+             s->value_case == UMBP__METRIC_SAMPLE__VALUE_HISTOGRAM_AGGREGATE)) {
+            snprintf(buf, len, "label name \"%s\" is reserved", ln);
+            return buf;
+        }
+        if (strlen(s->labels[k]->value) > MRELAY_MAX_VALUE) return "label value is too long";
+        for (size_t j = 0; j < k; j++)
+            if (!strcmp(s->labels[j]->name, ln)) {
+                snprintf(buf, len, "label name \"%.64s\" is repeated", ln);
+                return buf;
+            }
+    }
+    if (s->value_case == UMBP__METRIC_SAMPLE__VALUE_HISTOGRAM_AGGREGATE) {
+        const Umbp__HistogramAggregate *h = s->histogram_aggregate;
+        if (h->n_bounds > MRELAY_MAX_BOUNDS) return "too many histogram bounds";
+        const char *d = mrelay_hist_defect(h->bounds, h->n_bounds, h->bucket_counts,
+                                           h->n_bucket_counts, h->count);
+        if (d) return d;
+    }
+    return NULL;
+}
+
 static void h_report_metrics(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r) {
     const Umbp__ReportMetricsRequest *q = (const void *)in;
     static atomic_int warned;
     Umbp__ReportMetricsResponse resp = UMBP__REPORT_METRICS_RESPONSE__INIT;
+    /* A sample that is wrong by itself rejects the call before anything is relayed. */
+    for (size_t i = 0; i < q->n_metrics; i++) {
+        char buf[128];
+        const char *d = sample_defect(q->metrics[i], buf, sizeof(buf));
+        if (d) {
+            r->status = MRPC_INVALID_ARGUMENT;
+            snprintf(r->msg, sizeof(r->msg), "metrics[%zu]: %s", i, d);
+            return;
+        }
+    }
     if (!m->relay) {
         reply(r, &resp.base);
         return;
@@ -719,28 +856,15 @@ static void h_report_metrics(struct master *m, const ProtobufCMessage *in, struc
     size_t ntags = 0;
     if (m->store->ops->client_tags(m->store, q->node_id, &tags, &ntags))
         FAIL(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
-    size_t maxl = 1 + ntags;
-    for (size_t i = 0; i < q->n_metrics; i++)
-        if (q->metrics[i]->n_labels + 1 + ntags > maxl) maxl = q->metrics[i]->n_labels + 1 + ntags;
-    struct mrelay_label *l = calloc(maxl, sizeof(*l));
-    if (!l) {
-        for (size_t i = 0; i < ntags; i++) free(tags[i]);
-        free(tags);
-        FAIL(r, MRPC_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    size_t base = 0;
-    l[base++] = (struct mrelay_label){"node", q->node_id};
-    for (size_t i = 0; i < ntags; i++) {
-        char *eq = strchr(tags[i], '=');
-        if (!eq) continue;
-        *eq = 0;
-        l[base++] = (struct mrelay_label){tags[i], eq + 1};
-    }
+    struct mrelay_label l[MSTORE_MAX_TAGS + 1 + MRELAY_MAX_LABELS];
+    size_t base = base_labels(q->node_id, tags, ntags, l, MSTORE_MAX_TAGS + 1);
     for (size_t i = 0; i < q->n_metrics; i++) {
         const Umbp__MetricSample *s = q->metrics[i];
         size_t nl = base;
+        /* A label named like one of the node's tags loses to the tag. */
         for (size_t k = 0; k < s->n_labels; k++)
-            l[nl++] = (struct mrelay_label){s->labels[k]->name, s->labels[k]->value};
+            if (!label_present(l, base, s->labels[k]->name))
+                l[nl++] = (struct mrelay_label){s->labels[k]->name, s->labels[k]->value};
         const char *why = NULL;
         int rc = 0;
         switch (s->value_case) {
@@ -763,7 +887,6 @@ static void h_report_metrics(struct master *m, const ProtobufCMessage *in, struc
             log_warn(m->lg, "[Master] ReportMetrics from %s: dropped sample %s: %s (warned once)",
                      q->node_id, s->name, why ? why : "?");
     }
-    free(l);
     for (size_t i = 0; i < ntags; i++) free(tags[i]);
     free(tags);
     reply(r, &resp.base);
@@ -777,7 +900,9 @@ static void log_expired(const char *id, void *arg) {
 }
 
 size_t mrpc_reap(struct master *m, int64_t now_ms) {
-    size_t n = m->store->ops->expire_stale(m->store, now_ms - stale_after_ms(m), log_expired, m);
+    int64_t cutoff = now_ms - stale_after_ms(m);
+    size_t n = m->store->ops->expire_stale(
+        m->store, cutoff, cutoff - (int64_t)m->cfg.expired_retention_sec * 1000, log_expired, m);
     if (n) met_client_count(m);
     return n;
 }
@@ -860,6 +985,13 @@ void mrpc_dispatch(struct master *m, size_t method, const uint8_t *data, size_t 
         r->status = MRPC_INVALID_ARGUMENT;
         return;
     }
-    IMPL[method].fn(m, in, r);
+    /* protobuf-c hands strings over NUL-terminated: check them on the wire, with their
+     * lengths, before anything reads them as C strings. */
+    const char *field;
+    int t = mwire_check_strings(IMPL[method].desc, data, len, &field);
+    if (t)
+        text_fail(r, t, field);
+    else
+        IMPL[method].fn(m, in, r);
     protobuf_c_message_free_unpacked(in, NULL);
 }

@@ -28,6 +28,12 @@ struct mstore_caps {
     uint64_t avail[MSTORE_NTIERS];
 };
 
+/* Limits of one registration (RegisterClient rejects more): node_address, peer_address
+ * and each tag are at most MSTORE_MAX_STRING bytes (node ids at most 1024, a limit of every
+ * RPC: MWIRE_MAX_NODE_ID). engine_desc has its own limit, a knob of the master. */
+#define MSTORE_MAX_STRING 4096
+#define MSTORE_MAX_TAGS   64
+
 struct mstore_reg {
     const char *node_id;
     const char *node_address;
@@ -114,10 +120,13 @@ struct mstore_ops {
                                       int64_t now, const struct mstore_caps *caps,
                                       const struct mstore_event *ev, size_t nev, bool full,
                                       uint64_t *acked);
-    /* Flips ALIVE records whose last heartbeat is older than cutoff to EXPIRED and wipes
-     * their ext-KV entries and blocks; fn is called with each expired id. */
-    size_t (*expire_stale)(struct mstore *s, int64_t cutoff, void (*fn)(const char *, void *),
-                           void *arg);
+    /* Flips ALIVE records whose last heartbeat is older than cutoff to EXPIRED, frees their
+     * engine_desc and wipes their ext-KV entries and blocks; fn is called with each expired
+     * id. Then deletes (as unregister does) EXPIRED records whose last heartbeat is older
+     * than forget_before (<= cutoff), so a record expired now with forget_before == cutoff
+     * goes at once. Returns the number expired. */
+    size_t (*expire_stale)(struct mstore *s, int64_t cutoff, int64_t forget_before,
+                           void (*fn)(const char *, void *), void *arg);
     size_t (*alive_count)(struct mstore *s);
     int (*client_status)(struct mstore *s, const char *node_id);
     /* Copies the registered tags into a malloc'd array of malloc'd strings. */
@@ -161,5 +170,9 @@ struct mstore *mstore_mem_create(const struct mstore_mem_cfg *cfg);
 
 /* Bytes the in-memory store holds for its indexes (approximate; for the benchmark). */
 size_t mstore_mem_bytes(struct mstore *s);
+
+/* Bytes held by client records: engine_desc, addresses and tags (interned node ids, a few
+ * dozen bytes each, are not counted: they live as long as the store). */
+size_t mstore_mem_record_bytes(struct mstore *s);
 
 #endif

@@ -130,6 +130,7 @@ struct mem {
     struct xshard *xs;
     struct bshard *bs;
     _Atomic size_t xbytes;
+    size_t rbytes; /* client records' heap bytes (do_record_bytes); under meta */
 };
 
 #define MEM(s) ((struct mem *)(s))
@@ -192,6 +193,22 @@ static uint32_t do_node_intern(struct mem *m, const char *id) {
 static void free_tags(char **tags, size_t n) {
     for (size_t i = 0; i < n; i++) free(tags[i]);
     free(tags);
+}
+
+static void do_record_clear(struct node *n);
+
+static size_t do_record_bytes(const struct node *n) {
+    if (!n->present) return 0;
+    size_t b = n->engine_len + strlen(n->node_address) + strlen(n->peer_address) + 2 +
+               n->ntags * sizeof(char *);
+    for (size_t i = 0; i < n->ntags; i++) b += strlen(n->tags[i]) + 1;
+    return b;
+}
+
+/* Caller holds meta for writing: deletes n's record, keeping the interned id. */
+static void do_record_drop(struct mem *m, struct node *n) {
+    m->rbytes -= do_record_bytes(n);
+    do_record_clear(n);
 }
 
 static void do_record_clear(struct node *n) {
@@ -545,8 +562,9 @@ static int mem_register(struct mstore *s, const struct mstore_reg *r, int64_t no
     fresh.last_hb = fresh.reg_at = now;
     fresh.last_seq = 0;
     fresh.caps = r->caps;
-    do_record_clear(n);
+    do_record_drop(m, n);
     *n = fresh;
+    m->rbytes += do_record_bytes(n);
 out:
     pthread_rwlock_unlock(&m->meta);
     return rc;
@@ -559,7 +577,7 @@ static bool mem_unregister(struct mstore *s, const char *node_id) {
     uint32_t idx = do_node_find(m, node_id);
     if (idx != UINT32_MAX && m->nodes[idx]->present) {
         had = true;
-        do_record_clear(m->nodes[idx]);
+        do_record_drop(m, m->nodes[idx]);
         wipe_ext_node(m, idx);
         wipe_blocks_node(m, idx);
     }
@@ -610,19 +628,29 @@ out:
     return res;
 }
 
-static size_t mem_expire(struct mstore *s, int64_t cutoff, void (*fn)(const char *, void *),
-                         void *arg) {
+static size_t mem_expire(struct mstore *s, int64_t cutoff, int64_t forget_before,
+                         void (*fn)(const char *, void *), void *arg) {
     struct mem *m = MEM(s);
     size_t cnt = 0;
     pthread_rwlock_wrlock(&m->meta);
     for (uint32_t i = 0; i < m->nnodes; i++) {
         struct node *n = m->nodes[i];
-        if (!n->present || n->status != MSTORE_STATUS_ALIVE || n->last_hb >= cutoff) continue;
-        n->status = MSTORE_STATUS_EXPIRED;
-        wipe_ext_node(m, i);
-        wipe_blocks_node(m, i);
-        cnt++;
-        if (fn) fn(n->id, arg);
+        if (!n->present) continue;
+        if (n->status == MSTORE_STATUS_ALIVE && n->last_hb < cutoff) {
+            /* What an expired node keeps is what a heartbeat needs to revive it (the
+             * reference's rule): ids, addresses, tags, sequence. Nothing reads engine_desc
+             * back, and the index entries are wiped as the reference wipes them. */
+            n->status = MSTORE_STATUS_EXPIRED;
+            m->rbytes -= n->engine_len;
+            free(n->engine);
+            n->engine = NULL;
+            n->engine_len = 0;
+            wipe_ext_node(m, i);
+            wipe_blocks_node(m, i);
+            cnt++;
+            if (fn) fn(n->id, arg);
+        }
+        if (n->status == MSTORE_STATUS_EXPIRED && n->last_hb < forget_before) do_record_drop(m, n);
     }
     pthread_rwlock_unlock(&m->meta);
     return cnt;
@@ -1222,6 +1250,15 @@ struct mstore *mstore_mem_create(const struct mstore_mem_cfg *cfg) {
         }
     }
     return &m->base;
+}
+
+size_t mstore_mem_record_bytes(struct mstore *s) {
+    struct mem *m = MEM(s);
+    if (m->magic != MEM_MAGIC) return 0;
+    pthread_rwlock_rdlock(&m->meta);
+    size_t b = m->rbytes;
+    pthread_rwlock_unlock(&m->meta);
+    return b;
 }
 
 size_t mstore_mem_bytes(struct mstore *s) {

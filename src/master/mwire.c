@@ -3,6 +3,7 @@
  * (3, 4) are rejected as protobuf-c rejects them. */
 #include "master/mwire.h"
 
+#include <protobuf-c/protobuf-c.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,11 +103,7 @@ int mwire_match_request(const uint8_t *d, size_t n, struct mstore_key **keys, si
             if (get_tag(&p, end, &field, &wt)) goto bad;
             if (field == 1) {
                 if (wt != 2 || get_len(&p, end, &v)) goto bad;
-                if (pass) {
-                    const char *s = (const char *)p;
-                    const char *z = memchr(s, 0, (size_t)v);
-                    (*keys)[k] = (struct mstore_key){s, z ? (size_t)(z - s) : (size_t)v};
-                }
+                if (pass) (*keys)[k] = (struct mstore_key){(const char *)p, (size_t)v};
                 k++;
                 p += v;
             } else if (field == 2) {
@@ -135,6 +132,77 @@ bad:
     *keys = NULL;
     *count_as_hit = false;
     return MWIRE_MALFORMED;
+}
+
+int mwire_text_check(const char *s, size_t n) {
+    const uint8_t *p = (const uint8_t *)s, *end = p + n;
+    while (p < end) {
+        uint8_t c = *p;
+        if (c < 0x80) { /* ASCII: the common case */
+            if (!c) return MWIRE_TEXT_NUL;
+            p++;
+            continue;
+        }
+        /* Well-formed UTF-8 (RFC 3629): no overlong forms, no surrogates, <= U+10FFFF. */
+        size_t len;
+        uint8_t lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) {
+            len = 2;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            len = 3;
+            if (c == 0xe0) lo = 0xa0;
+            if (c == 0xed) hi = 0x9f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            len = 4;
+            if (c == 0xf0) lo = 0x90;
+            if (c == 0xf4) hi = 0x8f;
+        } else {
+            return MWIRE_TEXT_UTF8;
+        }
+        if ((size_t)(end - p) < len || p[1] < lo || p[1] > hi) return MWIRE_TEXT_UTF8;
+        for (size_t i = 2; i < len; i++)
+            if ((p[i] & 0xc0) != 0x80) return MWIRE_TEXT_UTF8;
+        p += len;
+    }
+    return MWIRE_TEXT_OK;
+}
+
+/* One message level; sub-messages recurse (umbp.proto has no recursive message, so the
+ * depth is bounded by the schema). */
+static int check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *d, size_t n,
+                         const char **field) {
+    const uint8_t *p = d, *end = d + n;
+    while (p < end) {
+        uint32_t num;
+        unsigned wt;
+        uint64_t v;
+        if (get_tag(&p, end, &num, &wt)) return MWIRE_TEXT_UTF8;
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(desc, num);
+        if (!f || wt != 2 ||
+            (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)) {
+            if (skip_field(&p, end, wt)) return MWIRE_TEXT_UTF8;
+            continue;
+        }
+        if (get_len(&p, end, &v)) return MWIRE_TEXT_UTF8;
+        int rc = f->type == PROTOBUF_C_TYPE_STRING
+                     ? mwire_text_check((const char *)p, (size_t)v)
+                     : check_strings(f->descriptor, p, (size_t)v, field);
+        if (!rc && f->type == PROTOBUF_C_TYPE_STRING && v > MWIRE_MAX_NODE_ID &&
+            !strcmp(f->name, "node_id"))
+            rc = MWIRE_TEXT_LONG;
+        if (rc) {
+            if (f->type == PROTOBUF_C_TYPE_STRING) *field = f->name;
+            return rc;
+        }
+        p += v;
+    }
+    return MWIRE_TEXT_OK;
+}
+
+int mwire_check_strings(const struct ProtobufCMessageDescriptor *desc, const uint8_t *d, size_t n,
+                        const char **field) {
+    *field = "?";
+    return check_strings(desc, d, n, field);
 }
 
 static size_t varint_len(uint64_t v) {

@@ -37,8 +37,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if ((rc == MWIRE_OK) != (q != NULL)) abort();
         if (q) {
             if (nk != q->n_hashes || hit != q->count_as_hit) abort();
-            for (size_t i = 0; i < nk; i++)
-                if (k[i].n != strlen(q->hashes[i]) || memcmp(k[i].p, q->hashes[i], k[i].n)) abort();
+            for (size_t i = 0; i < nk; i++) { /* protobuf-c's C string ends at a NUL */
+                const char *z = memchr(k[i].p, 0, k[i].n);
+                size_t cn = z ? (size_t)(z - k[i].p) : k[i].n;
+                if (cn != strlen(q->hashes[i]) || memcmp(k[i].p, q->hashes[i], cn)) abort();
+            }
             umbp__match_external_kv_request__free_unpacked(q, NULL);
         }
         free(k);

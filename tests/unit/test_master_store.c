@@ -30,13 +30,93 @@ static void test_register_rules(void **st) {
     assert_int_equal(s->ops->register_client(s, &r, 5000, 30000), 1);  /* alive, not stale */
     assert_int_equal(s->ops->register_client(s, &r, 31000, 30000), 0); /* stale: replaced */
     assert_int_equal(s->ops->alive_count(s), 1);
-    assert_int_equal(s->ops->expire_stale(s, 40000, NULL, NULL), 1);
-    assert_int_equal(s->ops->expire_stale(s, 40000, NULL, NULL), 0); /* idempotent */
+    assert_int_equal(s->ops->expire_stale(s, 40000, 0, NULL, NULL), 1);
+    assert_int_equal(s->ops->expire_stale(s, 40000, 0, NULL, NULL), 0); /* idempotent */
     assert_int_equal(s->ops->client_status(s, "n"), MSTORE_STATUS_EXPIRED);
     assert_int_equal(s->ops->alive_count(s), 0);
     assert_int_equal(s->ops->register_client(s, &r, 41000, 30000), 0); /* expired: allowed */
     assert_true(s->ops->unregister_client(s, "n"));
     assert_false(s->ops->unregister_client(s, "n"));
+    s->ops->destroy(s);
+}
+
+/* A reaped node loses its engine_desc and index entries at expiry, its whole record once
+ * the retention has passed; a heartbeat in between revives it (as in the reference). */
+static void test_reaper_releases_memory(void **st) {
+    (void)st;
+    struct mstore *s = mk();
+    size_t elen = 1 << 20;
+    uint8_t *desc = calloc(1, elen);
+    char *tags[] = {"role=prefill"};
+    struct mstore_reg r = {.node_id = "big",
+                           .node_address = "a:1",
+                           .peer_address = "p:1",
+                           .engine_desc = desc,
+                           .engine_desc_len = elen,
+                           .tags = tags,
+                           .ntags = 1};
+    assert_int_equal(s->ops->register_client(s, &r, 0, 30000), 0);
+    reg(s, "small", 0);
+    size_t small = mstore_mem_record_bytes(s);
+    reg(s, "other", 0);
+    size_t per_small = mstore_mem_record_bytes(s) - small;
+    assert_true(small > elen && small < elen + 256);
+    uint64_t acked;
+    struct mstore_event add = {MSTORE_EV_ADD, "blk", 2, 10};
+    assert_int_equal(s->ops->apply_heartbeat(s, "big", 1, 0, NULL, &add, 1, false, &acked),
+                     MSTORE_HB_APPLIED);
+    char *h = "hash";
+    assert_int_equal(s->ops->ext_report(s, "big", &h, 1, 2), 1);
+    size_t idx_bytes = mstore_mem_bytes(s);
+    /* "small" and "other" keep heartbeating; "big" stops at 0. */
+    for (int64_t t = 10000; t <= 40000; t += 10000) {
+        assert_int_equal(s->ops->apply_heartbeat(s, "small", 0, t, NULL, NULL, 0, false, &acked),
+                         MSTORE_HB_SEQ_GAP);
+        assert_int_equal(s->ops->apply_heartbeat(s, "other", 0, t, NULL, NULL, 0, false, &acked),
+                         MSTORE_HB_SEQ_GAP);
+    }
+    /* Expired at 40 s (cutoff 10 s), kept for 60 s more. */
+    assert_int_equal(s->ops->expire_stale(s, 10000, 10000 - 60000, NULL, NULL), 1);
+    assert_int_equal(s->ops->client_status(s, "big"), MSTORE_STATUS_EXPIRED);
+    assert_int_equal(mstore_mem_record_bytes(s), small + per_small - elen); /* desc freed */
+    assert_true(mstore_mem_bytes(s) < idx_bytes);                           /* entries freed */
+    bool found;
+    char *k = "blk";
+    s->ops->block_exists(s, &k, 1, &found);
+    assert_false(found);
+    assert_int_equal(s->ops->ext_count(s), 0);
+    /* Within the retention a heartbeat revives the record; expire it again. */
+    assert_int_equal(s->ops->apply_heartbeat(s, "big", 0, 41000, NULL, NULL, 0, false, &acked),
+                     MSTORE_HB_SEQ_GAP);
+    assert_int_equal(s->ops->client_status(s, "big"), MSTORE_STATUS_ALIVE);
+    assert_int_equal(s->ops->apply_heartbeat(s, "small", 0, 45000, NULL, NULL, 0, false, &acked),
+                     MSTORE_HB_SEQ_GAP);
+    assert_int_equal(s->ops->apply_heartbeat(s, "other", 0, 45000, NULL, NULL, 0, false, &acked),
+                     MSTORE_HB_SEQ_GAP);
+    assert_int_equal(s->ops->expire_stale(s, 42000, 42000 - 60000, NULL, NULL), 1);
+    assert_int_equal(s->ops->expire_stale(s, 42000, 42000 - 60000, NULL, NULL), 0);
+    assert_int_equal(s->ops->client_status(s, "big"), MSTORE_STATUS_EXPIRED);
+    /* Past the retention the record goes: status UNKNOWN, a heartbeat is UNKNOWN. The
+     * others expire in the same tick but are still within theirs. */
+    assert_int_equal(s->ops->expire_stale(s, 110000, 43000, NULL, NULL), 2);
+    assert_int_equal(s->ops->client_status(s, "big"), MSTORE_STATUS_UNKNOWN);
+    assert_int_equal(s->ops->apply_heartbeat(s, "big", 0, 111000, NULL, NULL, 0, false, &acked),
+                     MSTORE_HB_UNKNOWN);
+    assert_false(s->ops->unregister_client(s, "big"));
+    /* Retention 0 (forget_before == cutoff): expired and deleted in one tick. */
+    assert_int_equal(s->ops->client_status(s, "small"), MSTORE_STATUS_EXPIRED);
+    assert_int_equal(s->ops->expire_stale(s, 200000, 200000, NULL, NULL), 0);
+    assert_int_equal(s->ops->client_status(s, "small"), MSTORE_STATUS_UNKNOWN);
+    assert_int_equal(mstore_mem_record_bytes(s), 0);
+    /* A record replaced by a new registration is counted once. */
+    reg(s, "small", 300000);
+    assert_int_equal(mstore_mem_record_bytes(s), per_small);
+    struct mstore_reg again = {.node_id = "small", .node_address = "a", .peer_address = "p"};
+    assert_int_equal(s->ops->register_client(s, &again, 400000, 30000), 0); /* stale */
+    assert_int_equal(mstore_mem_record_bytes(s), per_small);
+    assert_true(s->ops->unregister_client(s, "small"));
+    assert_int_equal(mstore_mem_record_bytes(s), 0);
+    free(desc);
     s->ops->destroy(s);
 }
 
@@ -186,8 +266,11 @@ static void test_route_policies(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_register_rules),     cmocka_unit_test(test_heartbeat_cas),
-        cmocka_unit_test(test_ext_index_and_hits), cmocka_unit_test(test_reverse_index_consistency),
+        cmocka_unit_test(test_register_rules),
+        cmocka_unit_test(test_reaper_releases_memory),
+        cmocka_unit_test(test_heartbeat_cas),
+        cmocka_unit_test(test_ext_index_and_hits),
+        cmocka_unit_test(test_reverse_index_consistency),
         cmocka_unit_test(test_route_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -30,9 +30,11 @@ static void same_as_protobuf_c(const uint8_t *d, size_t n) {
     if (q) {
         assert_int_equal(nk, q->n_hashes);
         assert_int_equal(hit, q->count_as_hit);
-        for (size_t i = 0; i < nk; i++) {
-            assert_int_equal(k[i].n, strlen(q->hashes[i]));
-            assert_memory_equal(k[i].p, q->hashes[i], k[i].n);
+        for (size_t i = 0; i < nk; i++) { /* protobuf-c's C string ends at a NUL */
+            const char *z = memchr(k[i].p, 0, k[i].n);
+            size_t cn = z ? (size_t)(z - k[i].p) : k[i].n;
+            assert_int_equal(cn, strlen(q->hashes[i]));
+            assert_memory_equal(k[i].p, q->hashes[i], cn);
         }
         umbp__match_external_kv_request__free_unpacked(q, NULL);
     }
@@ -64,12 +66,118 @@ static void test_request_decoder(void **st) {
         {0x0b, 0x0c},            /* a group */
         {0x0a, 0x05, 'a'},       /* length past the end */
         {0x00, 0x00},            /* field 0 */
-        {0x0a, 0x03, 'a', 0x00}, /* an embedded NUL (cut like a C string) */
+        {0x0a, 0x03, 'a', 0x00}, /* length past the end */
     };
     const size_t bad_len[] = {2, 3, 2, 3, 2, 4};
     for (size_t i = 0; i < sizeof(bad_len) / sizeof(bad_len[0]); i++)
         same_as_protobuf_c(bad[i], bad_len[i]);
     same_as_protobuf_c(NULL, 0);
+}
+
+/* A hash with an embedded NUL keeps its wire length (the handler then rejects it). */
+static void test_request_keeps_embedded_nul(void **st) {
+    (void)st;
+    const uint8_t d[] = {0x0a, 0x08, 'v', 'i', 'c', 't', 'i', 'm', 0x00, 'x'};
+    same_as_protobuf_c(d, sizeof(d));
+    struct mstore_key *k;
+    size_t nk;
+    bool hit;
+    assert_int_equal(mwire_match_request(d, sizeof(d), &k, &nk, &hit), MWIRE_OK);
+    assert_int_equal(nk, 1);
+    assert_int_equal(k[0].n, 8);
+    assert_int_equal(mwire_text_check(k[0].p, k[0].n), MWIRE_TEXT_NUL);
+    free(k);
+}
+
+static void test_text_check(void **st) {
+    (void)st;
+    static const struct {
+        const char *s;
+        size_t n;
+        int want;
+    } cases[] = {
+        {"", 0, MWIRE_TEXT_OK},
+        {"plain ascii", 11, MWIRE_TEXT_OK},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14, MWIRE_TEXT_OK},
+        {"victim\0x", 8, MWIRE_TEXT_NUL},
+        {"\xff", 1, MWIRE_TEXT_UTF8},
+        {"\xc0\xaf", 2, MWIRE_TEXT_UTF8},         /* overlong '/' */
+        {"\xe0\x80\xaf", 3, MWIRE_TEXT_UTF8},     /* overlong */
+        {"\xed\xa0\x80", 3, MWIRE_TEXT_UTF8},     /* surrogate */
+        {"\xf4\x90\x80\x80", 4, MWIRE_TEXT_UTF8}, /* > U+10FFFF */
+        {"\xe2\x82", 2, MWIRE_TEXT_UTF8},         /* truncated */
+        {"\xe2\x28\xa1", 3, MWIRE_TEXT_UTF8},     /* bad continuation */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        assert_int_equal(mwire_text_check(cases[i].s, cases[i].n), cases[i].want);
+}
+
+/* Every string field of a request, nested messages included, is checked with its wire
+ * length: an id with an embedded NUL or a label that is not UTF-8 is named. */
+static void test_check_strings(void **st) {
+    (void)st;
+    uint8_t buf[256];
+    const char *field;
+    Umbp__RegisterClientRequest q = UMBP__REGISTER_CLIENT_REQUEST__INIT;
+    q.node_id = "ok";
+    q.node_address = "addr";
+    size_t n = umbp__register_client_request__pack(&q, buf);
+    assert_int_equal(
+        mwire_check_strings(&umbp__register_client_request__descriptor, buf, n, &field),
+        MWIRE_TEXT_OK);
+    /* node_id "victim\0x" spliced in by hand: protobuf-c would stop at the NUL. */
+    const uint8_t nul[] = {0x0a, 0x08, 'v', 'i', 'c', 't', 'i', 'm', 0x00, 'x'};
+    assert_int_equal(
+        mwire_check_strings(&umbp__register_client_request__descriptor, nul, sizeof(nul), &field),
+        MWIRE_TEXT_NUL);
+    assert_string_equal(field, "node_id");
+    Umbp__MetricLabel lab = UMBP__METRIC_LABEL__INIT;
+    lab.name = "k";
+    lab.value = "\xff\xfe";
+    Umbp__MetricLabel *plab = &lab;
+    Umbp__MetricSample smp = UMBP__METRIC_SAMPLE__INIT;
+    smp.name = "m";
+    smp.n_labels = 1;
+    smp.labels = &plab;
+    Umbp__MetricSample *psmp = &smp;
+    Umbp__ReportMetricsRequest rq = UMBP__REPORT_METRICS_REQUEST__INIT;
+    rq.node_id = "n";
+    rq.n_metrics = 1;
+    rq.metrics = &psmp;
+    n = umbp__report_metrics_request__pack(&rq, buf);
+    assert_int_equal(mwire_check_strings(&umbp__report_metrics_request__descriptor, buf, n, &field),
+                     MWIRE_TEXT_UTF8);
+    assert_string_equal(field, "value");
+    /* A node_id may be 1024 bytes long, not more; other strings have no such limit here. */
+    static char id[1100];
+    memset(id, 'i', 1025);
+    Umbp__HeartbeatRequest hb = UMBP__HEARTBEAT_REQUEST__INIT;
+    hb.node_id = id;
+    uint8_t big[1200];
+    n = umbp__heartbeat_request__pack(&hb, big);
+    assert_int_equal(mwire_check_strings(&umbp__heartbeat_request__descriptor, big, n, &field),
+                     MWIRE_TEXT_LONG);
+    assert_string_equal(field, "node_id");
+    id[1024] = 0;
+    n = umbp__heartbeat_request__pack(&hb, big);
+    assert_int_equal(mwire_check_strings(&umbp__heartbeat_request__descriptor, big, n, &field),
+                     MWIRE_TEXT_OK);
+    Umbp__RouteGetRequest rg = UMBP__ROUTE_GET_REQUEST__INIT;
+    memset(id, 'k', 1099);
+    rg.key = id;
+    rg.node_id = "n";
+    n = umbp__route_get_request__pack(&rg, big);
+    assert_int_equal(mwire_check_strings(&umbp__route_get_request__descriptor, big, n, &field),
+                     MWIRE_TEXT_OK);
+    /* bytes fields are not text: engine_desc may hold anything. */
+    Umbp__RegisterClientRequest e = UMBP__REGISTER_CLIENT_REQUEST__INIT;
+    e.node_id = "n";
+    e.engine_desc.data = (uint8_t *)"\0\xff";
+    e.engine_desc.len = 2;
+    n = umbp__register_client_request__pack(&e, buf);
+    assert_int_equal(
+        mwire_check_strings(&umbp__register_client_request__descriptor, buf, n, &field),
+        MWIRE_TEXT_OK);
 }
 
 static void reg(struct mstore *s, const char *id, const char *peer) {
@@ -178,9 +286,9 @@ static void test_client_decoder_order(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_request_decoder),
-        cmocka_unit_test(test_reply_roundtrip),
-        cmocka_unit_test(test_client_decoder_order),
+        cmocka_unit_test(test_request_decoder), cmocka_unit_test(test_request_keeps_embedded_nul),
+        cmocka_unit_test(test_text_check),      cmocka_unit_test(test_check_strings),
+        cmocka_unit_test(test_reply_roundtrip), cmocka_unit_test(test_client_decoder_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
