@@ -57,6 +57,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) return version_main(argc - 1, argv + 1);
+#if defined LMCACHE_HAVE_MASTER && defined LMCACHE_HAVE_BENCH
+    /* `lmcache master bench` is `lmcache bench master`: the benchmark lives with the others. */
+    if (strcmp(argv[1], "master") == 0 && argc > 2 && strcmp(argv[2], "bench") == 0)
+        return bench_master_main(argc - 2, argv + 2);
+#endif
     for (size_t i = 0; i < NSUB; i++)
         if (strcmp(argv[1], SUBCOMMANDS[i].name) == 0)
             return SUBCOMMANDS[i].main(argc - 1, argv + 1);

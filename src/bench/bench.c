@@ -7,8 +7,6 @@
 
 #include "base/clock.h"
 
-#include "master/master.h"
-
 static const struct {
     const char *name;
     int (*main)(int argc, char **argv);
@@ -21,7 +19,7 @@ static const struct {
     {"s3", bench_s3_main,
      "S3 L2 adapter PUT/GET MB/s against an S3 endpoint (scripts/bench-s3.sh)"},
     {"dax", bench_dax_main, "L2 dax adapter store and load GB/s against memcpy"},
-    {"master", master_bench_main,
+    {"master", bench_master_main,
      "UMBP master: MatchExternalKv calls/s and p99, report/revoke, RSS"},
 };
 #define NBENCH (sizeof(BENCHES) / sizeof(BENCHES[0]))

@@ -13,6 +13,9 @@ int bench_l2_main(int argc, char **argv);
 int bench_server_main(int argc, char **argv);
 /* `lmcache bench s3`: PUT/GET throughput of the S3 L2 adapter. */
 int bench_s3_main(int argc, char **argv);
+/* `lmcache bench master` (also `lmcache master bench`): MatchExternalKv / report / revoke load
+ * against a spawned or external master (docs/benchmarks.md). */
+int bench_master_main(int argc, char **argv);
 /* `lmcache bench dax`: store and load GB/s of the Device-DAX L2 adapter against memcpy. */
 int bench_dax_main(int argc, char **argv);
 

@@ -93,7 +93,6 @@ static void usage(FILE *f) {
 }
 
 int master_main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "bench") == 0) return master_bench_main(argc - 1, argv + 1);
     if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
         usage(stdout);
         return 0;

@@ -5,8 +5,4 @@
 /* umbp_master [listen_address] [metrics_port]; exit 0 after SIGINT/SIGTERM. */
 int master_main(int argc, char **argv);
 
-/* lmcache bench master [options]: MatchExternalKv / report / revoke load against an
- * in-process or external master (docs/benchmarks.md). */
-int master_bench_main(int argc, char **argv);
-
 #endif

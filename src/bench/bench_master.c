@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "lmcache/umbp_client.h"
-#include "master/master.h"
+#include "bench/bench.h"
 
 #define NODES       16
 #define REPLICAS    4
@@ -543,7 +543,7 @@ static void run_echo(const char *const *hashes, size_t reply_bytes, size_t calls
     g_server = master;
 }
 
-int master_bench_main(int argc, char **argv) {
+int bench_master_main(int argc, char **argv) {
     size_t entries = 1000000, calls = 20000;
     unsigned nthreads = 2; /* client threads, a connection each */
     const char *ext = NULL;
