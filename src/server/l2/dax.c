@@ -31,8 +31,10 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/hash.h"
+#include "base/htab.h"
+#include "base/jfield.h"
 #include "base/log.h"
-#include "base/size.h"
 
 #define DAX_MAGIC_STR "LMCACHE-DAX-ARENA-v1\n"
 
@@ -81,7 +83,7 @@ struct dax_dev {
 };
 
 struct dax_entry {
-    struct dax_entry *next;
+    struct htab_node hn;
     uint64_t hv;
     struct keys_object_key key;
     uint64_t size;
@@ -98,8 +100,7 @@ struct dax {
     pthread_mutex_t reconf_mu;
     struct dax_dev *devs[DAX_MAX_DEVICES];
     unsigned ndevs;
-    struct dax_entry **buckets;
-    size_t nbuckets, nentries;
+    struct htab index; /* of dax_entry by key_hash */
     /* worker queue (stores and loads) */
     pthread_mutex_t q_mu;
     pthread_cond_t q_cv;
@@ -115,17 +116,13 @@ static struct dax *D(struct l2_adapter *a) { return (struct dax *)a; }
 /* ---- index ----------------------------------------------------------------------------------- */
 
 static uint64_t key_hash(const struct keys_object_key *k) {
-    uint64_t h = 1469598103934665603ull;
-#define MIX(p, n)                                                                                  \
-    for (size_t i_ = 0; i_ < (n); i_++) h = (h ^ ((const uint8_t *)(p))[i_]) * 1099511628211ull
-    MIX(k->hash, k->hash_len);
-    MIX(&k->kv_rank, sizeof(k->kv_rank));
-    MIX(&k->object_group_id, sizeof(k->object_group_id));
-    MIX(k->model_name, strlen(k->model_name));
-    h = (h ^ 0xff) * 1099511628211ull;
-    MIX(k->cache_salt, strlen(k->cache_salt));
-#undef MIX
-    return h;
+    static const uint8_t sep = 0xff; /* between the two strings */
+    uint64_t h = fnv1a64(k->hash, k->hash_len);
+    h = fnv1a64_add(h, &k->kv_rank, sizeof(k->kv_rank));
+    h = fnv1a64_add(h, &k->object_group_id, sizeof(k->object_group_id));
+    h = fnv1a64_add(h, k->model_name, strlen(k->model_name));
+    h = fnv1a64_add(h, &sep, 1);
+    return fnv1a64_add(h, k->cache_salt, strlen(k->cache_salt));
 }
 
 static bool key_eq(const struct keys_object_key *a, const struct keys_object_key *b) {
@@ -134,42 +131,22 @@ static bool key_eq(const struct keys_object_key *a, const struct keys_object_key
            strcmp(a->model_name, b->model_name) == 0 && strcmp(a->cache_salt, b->cache_salt) == 0;
 }
 
+#define ENTRY(n) HTAB_ENTRY(n, struct dax_entry, hn)
+
+static uint64_t entry_hash(const struct htab_node *n, void *arg) {
+    (void)arg;
+    return ENTRY(n)->hv;
+}
+
 static struct dax_entry *do_find(struct dax *d, const struct keys_object_key *k, uint64_t hv) {
-    for (struct dax_entry *e = d->buckets[hv & (d->nbuckets - 1)]; e; e = e->next)
-        if (e->hv == hv && key_eq(&e->key, k)) return e;
+    for (struct htab_node *n = *htab_bucket(&d->index, hv); n; n = n->next)
+        if (ENTRY(n)->hv == hv && key_eq(&ENTRY(n)->key, k)) return ENTRY(n);
     return NULL;
 }
 
-static void do_grow_index(struct dax *d) {
-    size_t nb = d->nbuckets * 2;
-    struct dax_entry **b = calloc(nb, sizeof(*b));
-    if (!b) return; /* longer chains, still correct */
-    for (size_t i = 0; i < d->nbuckets; i++) {
-        for (struct dax_entry *e = d->buckets[i], *next; e; e = next) {
-            next = e->next;
-            e->next = b[e->hv & (nb - 1)];
-            b[e->hv & (nb - 1)] = e;
-        }
-    }
-    free(d->buckets);
-    d->buckets = b;
-    d->nbuckets = nb;
-}
+static void do_insert(struct dax *d, struct dax_entry *e) { htab_insert(&d->index, &e->hn, e->hv); }
 
-static void do_insert(struct dax *d, struct dax_entry *e) {
-    if (d->nentries >= d->nbuckets) do_grow_index(d);
-    struct dax_entry **pp = &d->buckets[e->hv & (d->nbuckets - 1)];
-    e->next = *pp;
-    *pp = e;
-    d->nentries++;
-}
-
-static void do_unlink(struct dax *d, struct dax_entry *e) {
-    struct dax_entry **pp = &d->buckets[e->hv & (d->nbuckets - 1)];
-    while (*pp != e) pp = &(*pp)->next;
-    *pp = e->next;
-    d->nentries--;
-}
+static void do_unlink(struct dax *d, struct dax_entry *e) { htab_remove(&d->index, &e->hn, e->hv); }
 
 /* ---- mappings and slots ---------------------------------------------------------------------- */
 
@@ -426,32 +403,6 @@ fail:
     return -1;
 }
 
-/* ---- sizes ------------------------------------------------------------------------------------
- */
-
-int dax_size_value(const json_t *v, const char *field, uint64_t *out, char *err, size_t errlen) {
-    if (json_is_integer(v)) {
-        json_int_t n = json_integer_value(v);
-        if (n <= 0) {
-            snprintf(err, errlen, "%s must be positive", field);
-            return -2;
-        }
-        *out = (uint64_t)n;
-        return 0;
-    }
-    if (json_is_string(v)) {
-        char e[160];
-        if (size_parse(json_string_value(v), out, e, sizeof(e)) != 0 || *out == 0) {
-            snprintf(err, errlen, "%s: %s", field, e);
-            return -2;
-        }
-        return 0;
-    }
-    snprintf(err, errlen, "%s must be an integer byte count or a size string such as \"100GiB\"",
-             field);
-    return -1;
-}
-
 /* ---- data path ------------------------------------------------------------------------------- */
 
 static void run_store(struct dax *d, struct l2_task *t) {
@@ -675,12 +626,13 @@ static int dax_list(struct l2_adapter *a, const char *model_filter, size_t page_
         }
     }
     pthread_mutex_lock(&d->mu);
-    struct name_ent *v = calloc(d->nentries + 1, sizeof(*v));
+    struct name_ent *v = calloc(d->index.count + 1, sizeof(*v));
     size_t n = 0;
     int rc = L2_OK;
     if (!v) rc = L2_ERR_NOMEM;
-    for (size_t b = 0; rc == L2_OK && b < d->nbuckets; b++) {
-        for (struct dax_entry *e = d->buckets[b]; e; e = e->next) {
+    for (size_t b = 0; rc == L2_OK && b < d->index.nb; b++) {
+        for (struct htab_node *hn = d->index.b[b]; hn; hn = hn->next) {
+            const struct dax_entry *e = ENTRY(hn);
             if (model_filter && strcmp(e->key.model_name, model_filter) != 0) continue;
             char name[KEYS_L2_NAME_MAX];
             if (keys_l2_name(&e->key, name, sizeof(name)) < 0) continue;
@@ -745,7 +697,7 @@ static json_t *dax_reconfigure_status(struct l2_adapter *a) {
         cap += (uint64_t)v->nslots * d->slot_size;
         used += (uint64_t)v->used * d->slot_size;
     }
-    size_t keys = d->nentries;
+    size_t keys = d->index.count;
     pthread_mutex_unlock(&d->mu);
     return json_pack("{s:i, s:s, s:I, s:i, s:I, s:I, s:I, s:o}", "adapter_index", 0, "type", "dax",
                      "slot_size", (json_int_t)d->slot_size, "num_devices", (int)attached,
@@ -964,7 +916,7 @@ static json_t *parse_req(const char *op, const json_t *body, struct req *r, int 
         json_t *s = json_object_get(body, "size");
         if (!s) return fail(http, 422, "size is required");
         char err[256];
-        int rc = dax_size_value(s, "size", &r->size, err, sizeof(err));
+        int rc = jfield_size(s, "size", &r->size, err, sizeof(err));
         if (rc == -1) return fail(http, 422, "%s", err);
         if (rc == -2) return fail(http, 400, "%s", err);
         r->has_size = true;
@@ -1332,16 +1284,13 @@ static void dax_free_state(struct dax *d) {
         dev_free(v);
     }
     d->ndevs = 0;
-    if (d->buckets) {
-        for (size_t b = 0; b < d->nbuckets; b++) {
-            for (struct dax_entry *e = d->buckets[b], *next; e; e = next) {
-                next = e->next;
-                free(e);
-            }
+    for (size_t b = 0; b < d->index.nb; b++) {
+        for (struct htab_node *n = d->index.b[b], *next; n; n = next) {
+            next = n->next;
+            free(ENTRY(n));
         }
-        free(d->buckets);
-        d->buckets = NULL;
     }
+    htab_fini(&d->index);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     pthread_mutex_destroy(&d->reconf_mu);
@@ -1377,32 +1326,23 @@ static const char *const CONFIG_FIELDS[] = {
     "type",         "devices", "slot_size", "workers", "eviction", "persist_enabled",
     "affinity_tag", "serde",   "shared",    NULL,
 };
+static const char *const DEVICE_FIELDS[] = {"device_path", "size", NULL};
 
 static int parse_config(const json_t *cfg, uint64_t *slot_size, unsigned *workers, char *err,
                         size_t errlen) {
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)cfg, k, v) {
-        bool known = false;
-        for (size_t i = 0; CONFIG_FIELDS[i]; i++) known |= strcmp(k, CONFIG_FIELDS[i]) == 0;
-        if (!known) {
-            snprintf(err, errlen, "dax: unknown field \"%s\"", k);
-            return -1;
-        }
+    const char *k = jfield_unknown(cfg, CONFIG_FIELDS);
+    json_t *v, *s;
+    if (k) {
+        snprintf(err, errlen, "dax: unknown field \"%s\"", k);
+        return -1;
     }
     *slot_size = DAX_DEFAULT_SLOT;
-    json_t *s = json_object_get(cfg, "slot_size");
-    if (s && dax_size_value(s, "dax: slot_size", slot_size, err, errlen) != 0) return -1;
+    s = json_object_get(cfg, "slot_size");
+    if (s && jfield_size(s, "dax: slot_size", slot_size, err, errlen) != 0) return -1;
     *slot_size = (*slot_size + DAX_SLOT_ALIGN - 1) / DAX_SLOT_ALIGN * DAX_SLOT_ALIGN;
-    *workers = DAX_DEFAULT_WORKER;
-    json_t *w = json_object_get(cfg, "workers");
-    if (w) {
-        if (!json_is_integer(w) || json_integer_value(w) < 1 || json_integer_value(w) > 16) {
-            snprintf(err, errlen, "dax: workers must be an integer in [1, 16]");
-            return -1;
-        }
-        *workers = (unsigned)json_integer_value(w);
-    }
+    long w = DAX_DEFAULT_WORKER;
+    if (jfield_int(cfg, "workers", 1, 16, &w, "dax", err, errlen) != 0) return -1;
+    *workers = (unsigned)w;
     json_t *devs = json_object_get(cfg, "devices");
     if (!json_is_array(devs)) {
         snprintf(err, errlen, "dax: \"devices\" must be an array of {device_path, size}");
@@ -1418,11 +1358,9 @@ static int parse_config(const json_t *cfg, uint64_t *slot_size, unsigned *worker
             snprintf(err, errlen, "dax: devices[%zu] must be an object", i);
             return -1;
         }
-        json_object_foreach(v, k, s) {
-            if (strcmp(k, "device_path") != 0 && strcmp(k, "size") != 0) {
-                snprintf(err, errlen, "dax: devices[%zu]: unknown field \"%s\"", i, k);
-                return -1;
-            }
+        if ((k = jfield_unknown(v, DEVICE_FIELDS))) {
+            snprintf(err, errlen, "dax: devices[%zu]: unknown field \"%s\"", i, k);
+            return -1;
         }
         if (!json_is_string(json_object_get(v, "device_path"))) {
             snprintf(err, errlen, "dax: devices[%zu].device_path must be a string", i);
@@ -1453,13 +1391,12 @@ int dax_adapter_create(const json_t *config, struct l2_adapter **out, char *err,
     }
     d->slot_size = slot_size;
     d->lg = log_get("lmcache.l2.dax");
-    d->nbuckets = 1024;
-    d->buckets = calloc(d->nbuckets, sizeof(*d->buckets));
-    if (!d->buckets || pthread_mutex_init(&d->mu, NULL) != 0 ||
-        pthread_cond_init(&d->cv, NULL) != 0 || pthread_mutex_init(&d->reconf_mu, NULL) != 0 ||
-        pthread_mutex_init(&d->q_mu, NULL) != 0 || pthread_cond_init(&d->q_cv, NULL) != 0) {
+    if (htab_init(&d->index, 1024, entry_hash, NULL) != 0 ||
+        pthread_mutex_init(&d->mu, NULL) != 0 || pthread_cond_init(&d->cv, NULL) != 0 ||
+        pthread_mutex_init(&d->reconf_mu, NULL) != 0 || pthread_mutex_init(&d->q_mu, NULL) != 0 ||
+        pthread_cond_init(&d->q_cv, NULL) != 0) {
         snprintf(err, errlen, "out of memory");
-        free(d->buckets);
+        htab_fini(&d->index);
         l2_adapter_base_fini(&d->base);
         free(d);
         return L2_ERR_NOMEM;
@@ -1470,7 +1407,7 @@ int dax_adapter_create(const json_t *config, struct l2_adapter **out, char *err,
         const char *path = json_string_value(json_object_get(v, "device_path"));
         uint64_t size;
         char e[256];
-        int src = dax_size_value(json_object_get(v, "size"), "size", &size, e, sizeof(e));
+        int src = jfield_size(json_object_get(v, "size"), "size", &size, e, sizeof(e));
         struct dax_dev *dv = NULL;
         if (src == 0 && do_find_dev(d, path) >= 0) {
             snprintf(e, sizeof(e), "%s is listed twice", path);
