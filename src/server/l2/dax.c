@@ -169,9 +169,30 @@ static int read_sys_u64(const char *path, uint64_t *out) {
     return 0;
 }
 
-static bool sys_is_dax(const struct stat *st) {
-    char p[128], link[PATH_MAX];
-    snprintf(p, sizeof(p), "/sys/dev/char/%u:%u/subsystem", major(st->st_rdev), minor(st->st_rdev));
+/* The sysfs directory describing a Device-DAX candidate, into node; false when path is not
+ * one. A character device's is <sysfs>/dev/char/<major>:<minor>. Tests inject a fake tree:
+ * LMCACHE_DAX_SYSFS_ROOT replaces /sys, and LMCACHE_DAX_DEV_PREFIX names a path prefix under
+ * which an existing regular file stands in for a character device whose node is
+ * <sysfs>/dev/char/<file name>. Both are unset in production. */
+static bool devdax_node(const char *path, const struct stat *st, bool created, char *node,
+                        size_t len) {
+    const char *root = getenv("LMCACHE_DAX_SYSFS_ROOT");
+    if (!root || !*root) root = "/sys";
+    if (S_ISCHR(st->st_mode))
+        return snprintf(node, len, "%s/dev/char/%u:%u", root, major(st->st_rdev),
+                        minor(st->st_rdev)) < (int)len;
+    const char *prefix = getenv("LMCACHE_DAX_DEV_PREFIX");
+    if (!prefix || !*prefix || created || !S_ISREG(st->st_mode) ||
+        strncmp(path, prefix, strlen(prefix)) != 0)
+        return false;
+    const char *name = strrchr(path, '/');
+    return snprintf(node, len, "%s/dev/char/%s", root, name ? name + 1 : path) < (int)len;
+}
+
+/* True when the node's subsystem link ends in "dax". */
+static bool sys_is_dax(const char *node) {
+    char p[PATH_MAX + 16], link[PATH_MAX];
+    snprintf(p, sizeof(p), "%s/subsystem", node);
     ssize_t n = readlink(p, link, sizeof(link) - 1);
     if (n <= 0) return false;
     link[n] = 0;
@@ -221,16 +242,17 @@ int dax_dev_open(const char *path, uint64_t size, uint64_t slot_size, struct dax
     snprintf(v->path, sizeof(v->path), "%s", path);
     v->st_dev = st.st_dev;
     v->st_ino = st.st_ino;
-    if (S_ISCHR(st.st_mode)) {
-        if (!sys_is_dax(&st)) {
+    char node[PATH_MAX];
+    if (devdax_node(path, &st, created, node, sizeof(node))) {
+        if (!sys_is_dax(node)) {
             snprintf(err, errlen, "%s is a character device but not a Device-DAX device", path);
             goto fail;
         }
-        char p[128];
+        char p[PATH_MAX + 16];
         v->is_devdax = true;
-        snprintf(p, sizeof(p), "/sys/dev/char/%u:%u/align", major(st.st_rdev), minor(st.st_rdev));
+        snprintf(p, sizeof(p), "%s/align", node);
         if (read_sys_u64(p, &v->align) != 0 || v->align == 0) v->align = DAX_DEFAULT_ALIGN;
-        snprintf(p, sizeof(p), "/sys/dev/char/%u:%u/size", major(st.st_rdev), minor(st.st_rdev));
+        snprintf(p, sizeof(p), "%s/size", node);
         if (read_sys_u64(p, &v->dev_max) != 0) v->dev_max = UINT64_MAX;
         v->data_off = 0;
         if (size > v->dev_max) {
