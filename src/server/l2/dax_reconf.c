@@ -170,17 +170,18 @@ struct req {
 /* Validates a body against the fields one operation accepts. Returns NULL (req filled) or an
  * error body with *http set (422 for shape, 400 for a bad size). */
 static json_t *parse_req(const char *op, const json_t *body, struct req *r, int *http) {
+    static const char *const ADD_FIELDS[] = {"device_path", "adapter_index", "size", NULL};
+    static const char *const REMOVE_FIELDS[] = {"device_path", "adapter_index", "mode", "force",
+                                                NULL};
+    static const char *const RESIZE_FIELDS[] = {"device_path", "adapter_index", "size",
+                                                "mode",        "force",         NULL};
     bool is_add = strcmp(op, "add") == 0, is_remove = strcmp(op, "remove") == 0;
     memset(r, 0, sizeof(*r));
     r->mode = MODE_MIGRATE;
-    const char *k;
-    json_t *val;
-    json_object_foreach((json_t *)body, k, val) {
-        bool known = strcmp(k, "device_path") == 0 || strcmp(k, "adapter_index") == 0 ||
-                     (strcmp(k, "size") == 0 && !is_remove) ||
-                     ((strcmp(k, "mode") == 0 || strcmp(k, "force") == 0) && !is_add);
-        if (!known) return fail(http, 422, "unknown field \"%s\" for dax %s", k, op);
-    }
+    const char *k = jfield_unknown(body, is_add      ? ADD_FIELDS
+                                         : is_remove ? REMOVE_FIELDS
+                                                     : RESIZE_FIELDS);
+    if (k) return fail(http, 422, "unknown field \"%s\" for dax %s", k, op);
     json_t *p = json_object_get(body, "device_path");
     if (!p) return fail(http, 422, "device_path is required");
     if (!json_is_string(p)) return fail(http, 422, "device_path must be a string");
