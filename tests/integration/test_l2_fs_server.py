@@ -121,22 +121,30 @@ def test_corrupt_file_is_a_miss_never_wrong_data(fs_server):
     c.call("store_bytes", model_name="m", token_ids=toks, chunks=chunks)
     assert wait_for(lambda: l2_objects(s) == 2)
     s.post("/cache/clear")
+    assert c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == []  # L1 empty
     files = sorted(glob.glob(os.path.join(str(base), "**", "*"), recursive=True))
     files = [f for f in files if os.path.isfile(f)]
     assert len(files) == 2
-    # Corrupt the file of the second chunk: flip bytes in the middle.
-    second = c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"]
-    assert second == []  # nothing in L1 now
+    # A file starts with its payload: find each chunk's file and corrupt only the second one's,
+    # flipping bytes in the middle of the payload.
+    by_payload = {}
     for f in files:
-        with open(f, "r+b") as fh:
-            fh.seek(100)
-            fh.write(b"\xff" * 16)
+        with open(f, "rb") as fh:
+            by_payload[fh.read(1)] = f
+    assert sorted(by_payload) == [b"x", b"y"]
+    good, bad = by_payload[b"x"], by_payload[b"y"]
+    with open(bad, "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\xff" * 16)
     hits = lookup_hits(c, "r", toks)
-    assert hits == 0  # the first chunk is corrupt: a miss, not wrong bytes
+    assert hits == 1  # the good first chunk is found; the corrupt second one is a miss
     got = c.call("retrieve_bytes", model_name="m", token_ids=toks, request_id="r")["chunks"]
-    assert got == []
+    assert got == [chunks[0]]  # served byte-identical, and never the corrupt bytes
     c.call("end_session", request_id="r")
-    assert wait_for(lambda: l2_objects(s) == 0)  # corrupt files were removed
+    assert wait_for(lambda: l2_objects(s) == 1)  # the corrupt file was removed...
+    assert os.path.exists(good) and not os.path.exists(bad)  # ...and only that one
+    ad = s.get("/status").json()["storage_manager"]["adapters"][0]
+    assert ad["checksum_failures"] == 1
 
 
 def test_full_disk_stores_fail_cleanly_l1_keeps_serving(make_server, tmp_path):

@@ -82,9 +82,11 @@ def dax_server(make_server, daxdir, devices, slot="64KiB", extra=()):
            "devices": [{"device_path": os.path.join(daxdir, n), "size": s} for n, s in devices]}
     args = ["--l2-adapter", json.dumps(cfg)] + list(extra)
     s = make_server(args)
+    # a server that did not load the dax adapter is a failure, never a reason to skip
     adapters = s.get("/config/adapters").json().get("adapters", [])
-    if not any(a.get("type_name") == "dax" for a in adapters):
-        pytest.skip("the engine does not load L2 adapters yet")
+    assert [a.get("type_name") for a in adapters] == ["dax"], adapters
+    status = s.get("/reconfigure/dax/status").json()
+    assert status["enabled"] is True, status
     return s
 
 

@@ -337,6 +337,82 @@ static void test_evict_isolated(void **state) {
     env_fini(&e);
 }
 
+/* More objects than the eviction tracker's initial 1024 buckets, found on disk at start: they
+ * join the tracker in listing order (its index grows past its first size) and one LRU pass
+ * evicts exactly the oldest ones down to the target. */
+static void test_evict_tracker_from_rescan(void **state) {
+    (void)state;
+    enum { M = 2000, SZ = 100 };
+    struct env e;
+    memset(&e, 0, sizeof(e));
+    snprintf(e.dir, sizeof(e.dir), "/tmp/lmcache-l2c-XXXXXX");
+    assert_non_null(mkdtemp(e.dir));
+    struct keys_object_key *k = calloc(M, sizeof(*k));
+    struct l2_buf *b = calloc(M, sizeof(*b));
+    uint8_t *ok = calloc(M, 1), payload[SZ];
+    assert_true(k && b && ok);
+    memset(payload, 7, sizeof(payload));
+    for (int i = 0; i < M; i++) {
+        char hex[65], err[KEYS_ERR_MAX];
+        snprintf(hex, sizeof(hex), "%064x", i + 1);
+        assert_int_equal(keys_object_key_init(&k[i], hex, 64, "org/m", 5, 0x01000100u, 0, "", 0,
+                                              err, sizeof(err)),
+                         0);
+        b[i] = (struct l2_buf){payload, SZ};
+    }
+    /* written by a standalone adapter, as a previous run would have */
+    char js[256], err[256];
+    snprintf(js, sizeof(js), "{\"type\":\"fs\",\"base_path\":\"%s\"}", e.dir);
+    json_t *cfg = json_loads(js, 0, NULL);
+    struct l2_adapter *a = NULL;
+    assert_int_equal(l2_adapter_create(cfg, &a, err, sizeof(err)), L2_OK);
+    json_decref(cfg);
+    struct l2_task t = {.op = L2_OP_STORE, .n = M, .keys = k, .bufs = b, .ok = ok};
+    assert_int_equal(l2_adapter_run(a, &t), L2_OK);
+    assert_int_equal(t.nok, M);
+    l2_adapter_destroy(a);
+    /* capacity 2^-12 GB = 262144 B; 200000 B used >= 0.5 of it: evict down to 65536 B, i.e.
+     * 134464 B = 1345 objects of 100 B */
+    env_open(&e,
+             ",\"max_capacity_gb\":0.000244140625,\"eviction\":{\"eviction_policy\":\"LRU\","
+             "\"trigger_watermark\":0.5,\"eviction_ratio\":0.5}",
+             L2CTL_STORE_DEFAULT);
+    assert_int_equal(l2ctl_usage_bytes(e.c), (uint64_t)M * SZ);
+    struct l2ctl_tick_report rep;
+    assert_int_equal(l2ctl_evict_tick(e.c, clock_mono_ns(), &rep), L2_OK);
+    assert_int_equal(rep.evicted_objects, 1345);
+    assert_int_equal(l2ctl_usage_bytes(e.c), (uint64_t)(M - 1345) * SZ);
+    /* the survivors are the last in listing (name) order */
+    struct l2_list_page pg;
+    char lerr[128];
+    char *tok = NULL;
+    int alive = 0, first_alive = M;
+    for (;;) {
+        assert_int_equal(
+            l2_adapter_list(l2ctl_adapter(e.c, 0), NULL, 1000, tok, &pg, lerr, sizeof(lerr)),
+            L2_OK);
+        free(tok);
+        tok = pg.next_token ? strdup(pg.next_token) : NULL;
+        for (size_t i = 0; i < pg.count; i++) {
+            unsigned v = 0;
+            for (int j = 28; j < 32; j++) v = v << 8 | pg.entries[i].key.hash[j];
+            if ((int)v - 1 < first_alive) first_alive = (int)v - 1;
+            alive++;
+        }
+        l2_list_page_free(&pg);
+        if (!tok) break;
+    }
+    assert_int_equal(alive, M - 1345);
+    assert_int_equal(first_alive, 1345);
+    l2ctl_destroy(e.c);
+    quota_destroy(e.q);
+    l1_destroy(e.l1);
+    nftw(e.dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    free(k);
+    free(b);
+    free(ok);
+}
+
 static void test_store_failure_counted(void **state) {
     (void)state;
     struct env e;
@@ -391,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_skip_l1_and_callback),
         cmocka_unit_test(test_evict_lru),
         cmocka_unit_test(test_evict_isolated),
+        cmocka_unit_test(test_evict_tracker_from_rescan),
         cmocka_unit_test(test_store_failure_counted),
         cmocka_unit_test(test_no_adapters),
     };

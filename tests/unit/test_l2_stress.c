@@ -2,8 +2,11 @@
  * prefetch (PREFIX with read locks, SPARSE warm), delete and list overlapping keys through the
  * storage controller with a real L1 and an o_direct fs adapter in a temporary directory, while
  * one thread runs L2 eviction ticks against a small capacity. Every byte that reaches L1 from L2
- * is compared with what was stored, so a torn or misdirected load shows up as a mismatch.
- * Bounded (a fixed number of operations); ThreadSanitizer runs it (scripts/test-extra.sh). */
+ * is compared with what was stored, so a torn or misdirected load shows up as a mismatch. A final
+ * single-threaded phase stores every key, which cannot all fit, so capacity refusals (NOSPC) and
+ * an eviction pass down to its target are certain and asserted.
+ * Bounded (a fixed number of operations; waits end when the controller stops making progress);
+ * ThreadSanitizer runs it (scripts/test-extra.sh). */
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -27,7 +30,9 @@
 #define NTHREADS       4
 #define OPS_PER_THREAD 1000
 #define SPAN           4 /* keys per prefetch / delete */
-#define POLL_MAX       2000000
+/* A wait gives up (and counts the request as stuck) only after the controller's and the adapter's
+ * work counters stood still for this many consecutive looks (one look every 256 yields). */
+#define STALL_LOOKS 20000
 
 struct ctx {
     struct l1 *l1;
@@ -39,6 +44,36 @@ struct ctx {
     _Atomic uint64_t verified, loaded, stored, deleted, listed;
     _Atomic uint64_t mismatches, bad_listing, stuck;
 };
+
+/* A signature of all the work the controller and its adapter have done so far: it changes
+ * whenever a task or a request completes anywhere. */
+static uint64_t progress(struct ctx *c) {
+    struct l2ctl_stats st;
+    l2ctl_stats(c->c, &st);
+    struct l2_counters ac;
+    l2_adapter_counters(l2ctl_adapter(c->c, 0), &ac);
+    return st.store_completed_requests + st.store_dropped_objects + st.prefetch_completed +
+           st.prefetch_lookup_objects + st.load_completed_objects + st.load_failed_objects +
+           ac.store_tasks + ac.lookup_tasks + ac.load_tasks + ac.deleted_keys +
+           ac.delete_skipped_locked;
+}
+
+/* Waits until done(c, arg); false when the controller stops making progress first. */
+static bool wait_for(struct ctx *c, bool (*done)(struct ctx *, void *), void *arg) {
+    uint64_t last = progress(c);
+    for (long looks = 0, spins = 0; !done(c, arg); spins++) {
+        sched_yield();
+        if (spins % 256) continue;
+        uint64_t now = progress(c);
+        if (now != last) {
+            last = now;
+            looks = 0;
+        } else if (++looks >= STALL_LOOKS) {
+            return done(c, arg);
+        }
+    }
+    return true;
+}
 
 /* Sizes cover 4 KiB multiples and remainders (the fs adapter's head/tail split). */
 static uint64_t obj_size(unsigned i) { return 4096u * (1 + i % 5) + (i % 3) * 700; }
@@ -96,6 +131,23 @@ static void pf_cb(void *arg, const struct l2ctl_prefetch_result *r) {
     atomic_store_explicit(&w->done, 1, memory_order_release);
 }
 
+static bool pf_called(struct ctx *c, void *arg) {
+    (void)c;
+    return atomic_load_explicit(&((struct pf_wait *)arg)->done, memory_order_acquire);
+}
+
+struct pf_poll {
+    uint64_t id;
+    int rc;
+    struct l2ctl_prefetch_result res;
+};
+
+static bool pf_polled(struct ctx *c, void *arg) {
+    struct pf_poll *p = arg;
+    p->rc = l2ctl_prefetch_poll(c->c, p->id, &p->res);
+    return p->rc != L2_ERR_BUSY;
+}
+
 /* PREFIX with one read lock per ready key (the data plane's lookup miss): each ready key is
  * read under that lock and checked. */
 static void do_prefetch_locked(struct ctx *c, unsigned first) {
@@ -108,9 +160,7 @@ static void do_prefetch_locked(struct ctx *c, unsigned first) {
         free(w);
         return;
     }
-    long p = 0;
-    while (!atomic_load_explicit(&w->done, memory_order_acquire) && p++ < POLL_MAX) sched_yield();
-    if (!atomic_load_explicit(&w->done, memory_order_acquire)) {
+    if (!wait_for(c, pf_called, w)) {
         atomic_fetch_add(&c->stuck, 1); /* the callback may still come: w is left to it */
         return;
     }
@@ -124,21 +174,15 @@ static void do_prefetch_locked(struct ctx *c, unsigned first) {
  * the span that is resident is read and checked, whoever put it there. */
 static void do_prefetch_warm(struct ctx *c, unsigned first) {
     unsigned n = first + SPAN <= NKEYS ? SPAN : NKEYS - first;
-    uint64_t id;
+    struct pf_poll pp = {0};
     if (l2ctl_prefetch_submit(c->c, &c->keys[first], &c->l1keys[first], n, L2CTL_TRIM_SPARSE, 0,
-                              false, NULL, NULL, &id) != L2_OK)
+                              false, NULL, NULL, &pp.id) != L2_OK)
         return;
-    struct l2ctl_prefetch_result res;
-    int prc = L2_ERR_BUSY;
-    for (long p = 0; p < POLL_MAX && prc == L2_ERR_BUSY; p++) {
-        prc = l2ctl_prefetch_poll(c->c, id, &res);
-        if (prc == L2_ERR_BUSY) sched_yield();
-    }
-    if (prc != L2_OK) {
+    if (!wait_for(c, pf_polled, &pp) || pp.rc != L2_OK) {
         atomic_fetch_add(&c->stuck, 1);
         return;
     }
-    atomic_fetch_add(&c->loaded, res.found);
+    atomic_fetch_add(&c->loaded, pp.res.found);
     for (unsigned k = 0; k < n; k++)
         if (l1_reserve_read(c->l1, &c->l1keys[first + k], 1, clock_mono_ns(), NULL) == L1_OK)
             verify_locked(c, first + k);
@@ -222,6 +266,83 @@ static void *evictor(void *arg) {
     return NULL;
 }
 
+/* Every write-through accepted so far has finished (stored, failed or dropped). */
+static bool stores_settled(struct ctx *c, void *arg) {
+    (void)arg;
+    struct l2ctl_stats st;
+    l2ctl_stats(c->c, &st);
+    return st.store_completed_objects + st.store_failed_objects + st.store_dropped_objects >=
+           st.store_submitted_objects;
+}
+
+/* Marks in_l2[i] for every key the adapter lists. */
+static void listed_keys(struct ctx *c, bool *in_l2) {
+    memset(in_l2, 0, NKEYS * sizeof(*in_l2));
+    struct l2_adapter *a = l2ctl_adapter(c->c, 0);
+    struct l2_list_page p = {0};
+    char err[128];
+    assert_int_equal(l2_adapter_list(a, NULL, L2_PAGE_SIZE_MAX, NULL, &p, err, sizeof(err)), L2_OK);
+    assert_null(p.next_token);
+    for (size_t e = 0; e < p.count; e++)
+        for (unsigned i = 0; i < NKEYS; i++)
+            if (p.entries[e].key.hash_len == c->keys[i].hash_len &&
+                memcmp(p.entries[e].key.hash, c->keys[i].hash, c->keys[i].hash_len) == 0)
+                in_l2[i] = true;
+    l2_list_page_free(&p);
+}
+
+/* Single-threaded, after the workers: stores all NKEYS objects, more than the capacity holds, and
+ * checks that the overflow was refused for want of room (NOSPC) and that one eviction pass brings
+ * usage down to its target, after which a refused object fits. (Adapter tasks belong to the
+ * controller thread here, so everything goes through the controller.) */
+static void fill_and_evict(struct ctx *c) {
+    assert_true(wait_for(c, stores_settled, NULL));
+    struct l2ctl_stats before, after;
+    l2ctl_stats(c->c, &before);
+    for (unsigned i = 0; i < NKEYS; i++) {
+        l1_delete(c->l1, &c->l1keys[i], false, clock_mono_ns());
+        do_store(c, i);
+    }
+    assert_true(wait_for(c, stores_settled, NULL));
+    l2ctl_stats(c->c, &after);
+    assert_true(after.store_failed_objects > before.store_failed_objects);
+    /* refused with NOSPC (counted as "enospc"), not an I/O error; every key L2 lacks does not
+     * fit */
+    struct l2_adapter *a = l2ctl_adapter(c->c, 0);
+    json_t *fs = l2_adapter_status(a);
+    assert_int_equal(json_integer_value(json_object_get(fs, "write_errors")), 0);
+    assert_true(json_integer_value(json_object_get(fs, "enospc")) > 0);
+    json_decref(fs);
+    struct l2_usage u;
+    l2_adapter_usage(a, &u);
+    bool in_l2[NKEYS];
+    listed_keys(c, in_l2);
+    unsigned missing = NKEYS;
+    for (unsigned i = 0; i < NKEYS; i++) {
+        if (in_l2[i]) continue;
+        missing = i;
+        assert_true(u.bytes_used + obj_size(i) > u.capacity_bytes);
+    }
+    assert_true(missing < NKEYS);
+    /* full beyond the watermark: one pass evicts down to capacity * 0.8 * (1 - 0.3) */
+    assert_true((double)u.bytes_used >= 0.8 * (double)u.capacity_bytes);
+    struct l2ctl_tick_report rep;
+    assert_int_equal(l2ctl_evict_tick(c->c, clock_mono_ns(), &rep), L2_OK);
+    assert_true(rep.evicted_objects > 0);
+    assert_true(rep.evicted_bytes > 0);
+    l2_adapter_usage(a, &u);
+    assert_true((double)u.bytes_used <= (double)u.capacity_bytes * 0.8 * 0.7);
+    /* and a refused object fits now */
+    l2ctl_stats(c->c, &before);
+    l1_delete(c->l1, &c->l1keys[missing], false, clock_mono_ns());
+    do_store(c, missing);
+    assert_true(wait_for(c, stores_settled, NULL));
+    l2ctl_stats(c->c, &after);
+    assert_int_equal(after.store_completed_objects, before.store_completed_objects + 1);
+    listed_keys(c, in_l2);
+    assert_true(in_l2[missing]);
+}
+
 static void stress(const char *engine) {
     static struct ctx c;
     memset(&c, 0, sizeof(c));
@@ -278,6 +399,12 @@ static void stress(const char *engine) {
     assert_int_equal(atomic_load(&c.stuck), 0);
     assert_true(atomic_load(&c.stored) > 0);
     assert_true(atomic_load(&c.verified) > 0);
+    /* every request the workers waited for was published */
+    assert_int_equal(st.prefetch_completed, st.prefetch_requests);
+    fill_and_evict(&c);
+    l2ctl_stats(c.c, &st);
+    fprintf(stderr, "stress: after the fill, evicted %llu, store failures %llu\n",
+            (unsigned long long)st.evicted_objects, (unsigned long long)st.store_failed_objects);
     l2ctl_destroy(c.c);
     l1_destroy(c.l1);
     quota_destroy(c.q);

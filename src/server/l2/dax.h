@@ -20,9 +20,4 @@
 /* The l2_adapter factory (one row of the table in adapter.c). */
 int dax_adapter_create(const json_t *config, struct l2_adapter **out, char *err, size_t errlen);
 
-/* Reads a size field: a JSON integer byte count or a string with a base-1024 suffix (size_parse).
- * Returns 0 and *out (> 0); -1 when the value has the wrong JSON type (HTTP 422 material); -2
- * when it does not resolve to a positive byte count (HTTP 400 material). err names the field. */
-int dax_size_value(const json_t *v, const char *field, uint64_t *out, char *err, size_t errlen);
-
 #endif

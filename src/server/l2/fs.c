@@ -35,6 +35,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "base/hash.h"
+#include "base/htab.h"
+#include "base/jfield.h"
 #include "base/log.h"
 #include "server/l2/crc32c.h"
 
@@ -48,7 +51,7 @@
 #define FS_WAKE_UD     0 /* user_data of the wakeup poll */
 
 struct fs_entry {
-    struct fs_entry *next;
+    struct htab_node hn;
     uint64_t size;
     uint32_t locks;
     uint32_t h;
@@ -95,8 +98,7 @@ struct fs {
     uint64_t capacity;
     /* index */
     pthread_mutex_t idx_mu;
-    struct fs_entry **buckets;
-    size_t nbuckets, nentries;
+    struct htab index; /* of fs_entry by name_hash */
     uint64_t reserved_bytes;
     /* pending jobs */
     pthread_mutex_t q_mu;
@@ -126,11 +128,7 @@ static struct fs *FS(struct l2_adapter *a) { return (struct fs *)a; }
 /* ---- names ------------------------------------------------------------------------------------
  */
 
-static uint32_t name_hash(const char *s) {
-    uint32_t h = 2166136261u;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
-    return h;
-}
+static uint32_t name_hash(const char *s) { return fnv1a32_str(s); }
 
 static bool needs_escape(unsigned char c) { return c == '/' || c == '%' || c < 0x20 || c == 0x7f; }
 
@@ -188,26 +186,17 @@ int fs_adapter_object_path(struct l2_adapter *a, const struct keys_object_key *k
 /* ---- index (caller holds idx_mu) --------------------------------------------------------------
  */
 
-static struct fs_entry *do_find(struct fs *fs, const char *name, uint32_t h) {
-    for (struct fs_entry *e = fs->buckets[h & (fs->nbuckets - 1)]; e; e = e->next)
-        if (e->h == h && strcmp(e->name, name) == 0) return e;
-    return NULL;
+#define ENTRY(n) HTAB_ENTRY(n, struct fs_entry, hn)
+
+static uint64_t entry_hash(const struct htab_node *n, void *arg) {
+    (void)arg;
+    return ENTRY(n)->h;
 }
 
-static void do_grow(struct fs *fs) {
-    size_t nb = fs->nbuckets * 2;
-    struct fs_entry **b = calloc(nb, sizeof(*b));
-    if (!b) return; /* keep the longer chains */
-    for (size_t i = 0; i < fs->nbuckets; i++) {
-        for (struct fs_entry *e = fs->buckets[i], *next; e; e = next) {
-            next = e->next;
-            e->next = b[e->h & (nb - 1)];
-            b[e->h & (nb - 1)] = e;
-        }
-    }
-    free(fs->buckets);
-    fs->buckets = b;
-    fs->nbuckets = nb;
+static struct fs_entry *do_find(struct fs *fs, const char *name, uint32_t h) {
+    for (struct htab_node *n = *htab_bucket(&fs->index, h); n; n = n->next)
+        if (ENTRY(n)->h == h && strcmp(ENTRY(n)->name, name) == 0) return ENTRY(n);
+    return NULL;
 }
 
 /* Inserts name (absent) and accounts it. Returns the entry or NULL (out of memory). */
@@ -220,20 +209,14 @@ static struct fs_entry *do_insert(struct fs *fs, const char *name, uint32_t h, u
     e->locks = 0;
     e->h = h;
     memcpy(e->name, name, len + 1);
-    if (fs->nentries >= fs->nbuckets) do_grow(fs);
-    e->next = fs->buckets[h & (fs->nbuckets - 1)];
-    fs->buckets[h & (fs->nbuckets - 1)] = e;
-    fs->nentries++;
+    htab_insert(&fs->index, &e->hn, h);
     l2_adapter_notify_stored(&fs->base, k, size);
     return e;
 }
 
 /* Unlinks e from the index (does not free the key's file) and accounts it. */
 static void do_remove(struct fs *fs, struct fs_entry *e, const struct keys_object_key *k) {
-    struct fs_entry **pp = &fs->buckets[e->h & (fs->nbuckets - 1)];
-    while (*pp != e) pp = &(*pp)->next;
-    *pp = e->next;
-    fs->nentries--;
+    htab_remove(&fs->index, &e->hn, e->h);
     l2_adapter_notify_deleted(&fs->base, k, e->size);
     free(e);
 }
@@ -858,15 +841,16 @@ static int fs_list(struct l2_adapter *a, const char *model_filter, size_t page_s
     }
     size_t mlen = model_filter ? strlen(model_filter) : 0;
     pthread_mutex_lock(&fs->idx_mu);
-    struct cand *c = malloc((fs->nentries + 1) * sizeof(*c));
+    struct cand *c = malloc((fs->index.count + 1) * sizeof(*c));
     if (!c) {
         pthread_mutex_unlock(&fs->idx_mu);
         snprintf(err, errlen, "out of memory");
         return L2_ERR_NOMEM;
     }
     size_t nc = 0;
-    for (size_t b = 0; b < fs->nbuckets; b++) {
-        for (struct fs_entry *e = fs->buckets[b]; e; e = e->next) {
+    for (size_t b = 0; b < fs->index.nb; b++) {
+        for (struct htab_node *n = fs->index.b[b]; n; n = n->next) {
+            const struct fs_entry *e = ENTRY(n);
             if (model_filter && (strncmp(e->name, model_filter, mlen) != 0 || e->name[mlen] != '@'))
                 continue;
             if (after[0] && strcmp(e->name, after) <= 0) continue;
@@ -916,7 +900,7 @@ static json_t *fs_status(struct l2_adapter *a) {
     json_object_set_new(s, "o_direct", json_boolean(fs->o_direct));
     json_object_set_new(s, "max_capacity_bytes", json_integer((json_int_t)fs->capacity));
     pthread_mutex_lock(&fs->idx_mu);
-    json_object_set_new(s, "files", json_integer((json_int_t)fs->nentries));
+    json_object_set_new(s, "files", json_integer((json_int_t)fs->index.count));
     pthread_mutex_unlock(&fs->idx_mu);
     json_object_set_new(s, "write_errors",
                         json_integer((json_int_t)atomic_load(&fs->write_errors)));
@@ -947,13 +931,13 @@ static void fs_destroy(struct l2_adapter *a) {
     free(fs->threads);
     if (fs->uring) io_uring_queue_exit(&fs->ring);
     if (fs->wake_fd >= 0) close(fs->wake_fd);
-    for (size_t b = 0; b < fs->nbuckets; b++) {
-        for (struct fs_entry *e = fs->buckets[b], *next; e; e = next) {
-            next = e->next;
-            free(e);
+    for (size_t b = 0; b < fs->index.nb; b++) {
+        for (struct htab_node *n = fs->index.b[b], *next; n; n = next) {
+            next = n->next;
+            free(ENTRY(n));
         }
     }
-    free(fs->buckets);
+    htab_fini(&fs->index);
     pthread_mutex_destroy(&fs->idx_mu);
     pthread_mutex_destroy(&fs->q_mu);
     pthread_cond_destroy(&fs->q_cv);
@@ -1048,32 +1032,6 @@ static int mkdirs(const char *path) {
     return 0;
 }
 
-static int get_bool(const json_t *cfg, const char *f, bool def, bool *out, char *err,
-                    size_t errlen) {
-    json_t *v = json_object_get(cfg, f);
-    *out = def;
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v)) {
-        snprintf(err, errlen, "fs adapter: \"%s\" must be a boolean", f);
-        return -1;
-    }
-    *out = json_is_true(v);
-    return 0;
-}
-
-static int get_uint(const json_t *cfg, const char *f, long def, long lo, long hi, long *out,
-                    char *err, size_t errlen) {
-    json_t *v = json_object_get(cfg, f);
-    *out = def;
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        snprintf(err, errlen, "fs adapter: \"%s\" must be an integer in [%ld, %ld]", f, lo, hi);
-        return -1;
-    }
-    *out = (long)json_integer_value(v);
-    return 0;
-}
-
 int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, size_t errlen) {
     *out = NULL;
     const char *base = json_string_value(json_object_get(config, "base_path"));
@@ -1085,13 +1043,14 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
         snprintf(err, errlen, "fs adapter: \"base_path\" is too long");
         return L2_ERR_INVAL;
     }
-    bool o_direct, use_uring;
-    long qd, nthreads;
+    bool o_direct = false, use_uring = true;
+    long qd = 64, nthreads = 4;
     uint64_t cap;
-    if (get_bool(config, "o_direct", false, &o_direct, err, errlen) < 0 ||
-        get_bool(config, "io_uring", true, &use_uring, err, errlen) < 0 ||
-        get_uint(config, "queue_depth", 64, 4, 4096, &qd, err, errlen) < 0 ||
-        get_uint(config, "io_threads", 4, 1, 256, &nthreads, err, errlen) < 0)
+    static const char who[] = "fs adapter";
+    if (jfield_bool(config, "o_direct", &o_direct, who, err, errlen) < 0 ||
+        jfield_bool(config, "io_uring", &use_uring, who, err, errlen) < 0 ||
+        jfield_int(config, "queue_depth", 4, 4096, &qd, who, err, errlen) < 0 ||
+        jfield_int(config, "io_threads", 1, 256, &nthreads, who, err, errlen) < 0)
         return L2_ERR_INVAL;
     if (l2_config_capacity(config, "max_capacity_gb", &cap, err, errlen) != L2_OK)
         return L2_ERR_INVAL;
@@ -1121,9 +1080,7 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
     pthread_mutex_init(&fs->q_mu, NULL);
     pthread_cond_init(&fs->q_cv, NULL);
     pthread_mutex_init(&fs->inj_mu, NULL);
-    fs->nbuckets = 1024;
-    fs->buckets = calloc(fs->nbuckets, sizeof(*fs->buckets));
-    if (!fs->buckets) {
+    if (htab_init(&fs->index, 1024, entry_hash, NULL) != 0) {
         snprintf(err, errlen, "out of memory");
         fs_destroy(&fs->base);
         return L2_ERR_NOMEM;
@@ -1173,7 +1130,7 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
         }
         pthread_setname_np(fs->threads[i], fs->uring ? "l2-fs-uring" : "l2-fs-io");
     }
-    log_info(fs->lg, "fs adapter on %s: %zu objects, %s%s", fs->base_path, fs->nentries,
+    log_info(fs->lg, "fs adapter on %s: %zu objects, %s%s", fs->base_path, fs->index.count,
              fs->uring ? "io_uring" : "I/O threads", fs->o_direct ? ", O_DIRECT" : "");
     *out = &fs->base;
     return L2_OK;
