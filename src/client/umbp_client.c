@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/pbwire.h"
 #include "umbp.pb-c.h"
 
 struct umbp_client {
@@ -324,54 +325,6 @@ size_t umbp_node_match_count(const struct umbp_node_match *m) {
  * node and tier), so they are read straight off the wire into one allocation instead of
  * a protobuf-c tree plus copies. ---- */
 
-struct wfield {
-    uint32_t num;
-    unsigned wt;
-    uint64_t v;         /* varint value (wire type 0) or length (2) */
-    const uint8_t *ptr; /* wire type 2: the bytes */
-};
-
-static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
-    uint64_t x = 0;
-    for (unsigned i = 0; i < 10; i++) {
-        if (*p >= end) return -1;
-        uint8_t b = *(*p)++;
-        x |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (!(b & 0x80)) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* 1: a field in *f; 0: end of the message; -1: malformed. */
-static int next_field(const uint8_t **p, const uint8_t *end, struct wfield *f) {
-    if (*p >= end) return 0;
-    uint64_t tag;
-    if (get_varint(p, end, &tag) || tag > UINT32_MAX || !(tag >> 3)) return -1;
-    f->num = (uint32_t)(tag >> 3);
-    f->wt = (unsigned)(tag & 7);
-    switch (f->wt) {
-    case 0:
-        return get_varint(p, end, &f->v) ? -1 : 1;
-    case 1:
-    case 5: {
-        size_t w = f->wt == 1 ? 8 : 4;
-        if ((size_t)(end - *p) < w) return -1;
-        *p += w;
-        return 1;
-    }
-    case 2:
-        if (get_varint(p, end, &f->v) || f->v > (uint64_t)(end - *p)) return -1;
-        f->ptr = *p;
-        *p += f->v;
-        return 1;
-    default:
-        return -1;
-    }
-}
-
 struct mdec {
     size_t nodes, tiers, hashes, bytes; /* counts (first pass) */
     struct umbp_node_match *nd;         /* fill cursors (second pass) */
@@ -380,7 +333,7 @@ struct mdec {
     char *sp;
 };
 
-static char *mdec_str(struct mdec *d, const struct wfield *f) {
+static char *mdec_str(struct mdec *d, const struct pbw_field *f) {
     char *s = d->sp;
     memcpy(s, f->ptr, f->v);
     s[f->v] = 0;
@@ -392,9 +345,9 @@ static char *mdec_str(struct mdec *d, const struct wfield *f) {
  * is true (the counts of the first pass sized them). */
 static int mdec_pass(const uint8_t *buf, size_t len, struct mdec *d, bool fill) {
     const uint8_t *p = buf, *end = buf + len;
-    struct wfield f;
+    struct pbw_field f;
     int r;
-    while ((r = next_field(&p, end, &f)) > 0) {
+    while ((r = pbw_next(&p, end, &f)) > 0) {
         if (f.num != 1) continue;
         if (f.wt != 2) return -1;
         struct umbp_node_match *nm = fill ? d->nd++ : NULL;
@@ -407,9 +360,9 @@ static int mdec_pass(const uint8_t *buf, size_t len, struct mdec *d, bool fill) 
             d->bytes++;
         }
         const uint8_t *q = f.ptr, *qend = f.ptr + f.v;
-        struct wfield g;
+        struct pbw_field g;
         int r2;
-        while ((r2 = next_field(&q, qend, &g)) > 0) {
+        while ((r2 = pbw_next(&q, qend, &g)) > 0) {
             if (g.num == 1 || g.num == 2) {
                 if (g.wt != 2) return -1;
                 if (!nm)
@@ -430,9 +383,9 @@ static int mdec_pass(const uint8_t *buf, size_t len, struct mdec *d, bool fill) 
                     d->tiers++;
                 }
                 const uint8_t *t = g.ptr, *tend = g.ptr + g.v;
-                struct wfield h;
+                struct pbw_field h;
                 int r3;
-                while ((r3 = next_field(&t, tend, &h)) > 0) {
+                while ((r3 = pbw_next(&t, tend, &h)) > 0) {
                     if (h.num == 1) {
                         if (h.wt != 0) return -1;
                         if (th) th->tier = (enum umbp_tier)(int32_t)h.v;

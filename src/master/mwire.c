@@ -1,90 +1,12 @@
 /* MatchExternalKv request decoding and reply encoding on the protobuf wire format
- * (see mwire.h). Wire types: 0 varint, 1 fixed64, 2 length-delimited, 5 fixed32; groups
- * (3, 4) are rejected as protobuf-c rejects them. */
+ * (see mwire.h; reading through base/pbwire.h). */
 #include "master/mwire.h"
+
+#include "base/pbwire.h"
 
 #include <protobuf-c/protobuf-c.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Reads a varint at *p (< end). 0 ok, -1 truncated or longer than 10 bytes. */
-static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
-    uint64_t x = 0;
-    for (unsigned i = 0; i < 10; i++) {
-        if (*p >= end) return -1;
-        uint8_t b = *(*p)++;
-        x |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (!(b & 0x80)) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* A field's tag read as protobuf-c reads it: at most 5 bytes, bits past 32 dropped, and
- * only a first byte with no field-number bits is refused. */
-static int get_tag(const uint8_t **p, const uint8_t *end, uint32_t *field, unsigned *wt) {
-    const uint8_t *d = *p;
-    size_t max = (size_t)(end - d) < 5 ? (size_t)(end - d) : 5;
-    if (!max || !(d[0] & 0xf8)) return -1;
-    *wt = d[0] & 7;
-    uint32_t tag = (uint32_t)(d[0] & 0x7f) >> 3;
-    if (!(d[0] & 0x80)) {
-        *field = tag;
-        *p = d + 1;
-        return 0;
-    }
-    unsigned shift = 4;
-    for (size_t i = 1; i < max; i++, shift += 7) {
-        tag |= (uint32_t)(d[i] & 0x7f) << shift;
-        if (!(d[i] & 0x80)) {
-            *field = tag;
-            *p = d + i + 1;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* A length prefix as protobuf-c reads it: at most 5 bytes, the data inside the buffer. */
-static int get_len(const uint8_t **p, const uint8_t *end, uint64_t *len) {
-    const uint8_t *d = *p;
-    size_t max = (size_t)(end - d) < 5 ? (size_t)(end - d) : 5;
-    uint64_t v = 0;
-    for (size_t i = 0; i < max; i++) {
-        v |= (uint64_t)(d[i] & 0x7f) << (7 * i);
-        if (!(d[i] & 0x80)) {
-            if (v > (uint64_t)(end - d) - (i + 1)) return -1;
-            *len = v;
-            *p = d + i + 1;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* Skips one field of wire type wt. */
-static int skip_field(const uint8_t **p, const uint8_t *end, unsigned wt) {
-    uint64_t v;
-    switch (wt) {
-    case 0:
-        return get_varint(p, end, &v);
-    case 1:
-    case 5: {
-        size_t w = wt == 1 ? 8 : 4;
-        if ((size_t)(end - *p) < w) return -1;
-        *p += w;
-        return 0;
-    }
-    case 2:
-        if (get_len(p, end, &v)) return -1;
-        *p += v;
-        return 0;
-    default:
-        return -1;
-    }
-}
 
 int mwire_match_request(const uint8_t *d, size_t n, struct mstore_key **keys, size_t *nkeys,
                         bool *count_as_hit) {
@@ -100,9 +22,9 @@ int mwire_match_request(const uint8_t *d, size_t n, struct mstore_key **keys, si
             uint64_t v;
             uint32_t field;
             unsigned wt;
-            if (get_tag(&p, end, &field, &wt)) goto bad;
+            if (pbw_tag(&p, end, &field, &wt)) goto bad;
             if (field == 1) {
-                if (wt != 2 || get_len(&p, end, &v)) goto bad;
+                if (wt != 2 || pbw_len(&p, end, &v)) goto bad;
                 if (pass) (*keys)[k] = (struct mstore_key){(const char *)p, (size_t)v};
                 k++;
                 p += v;
@@ -110,11 +32,11 @@ int mwire_match_request(const uint8_t *d, size_t n, struct mstore_key **keys, si
                 /* As protobuf-c reads a bool: any wire type, true when any byte of the
                  * field (after the tag) has a value bit set. */
                 const uint8_t *f0 = p;
-                if (skip_field(&p, end, wt)) goto bad;
+                if (pbw_skip(&p, end, wt)) goto bad;
                 bool b = false;
                 for (const uint8_t *x = f0; x < p; x++) b |= (*x & 0x7f) != 0;
                 *count_as_hit = b;
-            } else if (skip_field(&p, end, wt)) {
+            } else if (pbw_skip(&p, end, wt)) {
                 goto bad;
             }
         }
@@ -176,14 +98,14 @@ static int check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *
         uint32_t num;
         unsigned wt;
         uint64_t v;
-        if (get_tag(&p, end, &num, &wt)) return MWIRE_TEXT_UTF8;
+        if (pbw_tag(&p, end, &num, &wt)) return MWIRE_TEXT_UTF8;
         const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(desc, num);
         if (!f || wt != 2 ||
             (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)) {
-            if (skip_field(&p, end, wt)) return MWIRE_TEXT_UTF8;
+            if (pbw_skip(&p, end, wt)) return MWIRE_TEXT_UTF8;
             continue;
         }
-        if (get_len(&p, end, &v)) return MWIRE_TEXT_UTF8;
+        if (pbw_len(&p, end, &v)) return MWIRE_TEXT_UTF8;
         int rc = f->type == PROTOBUF_C_TYPE_STRING
                      ? mwire_text_check((const char *)p, (size_t)v)
                      : check_strings(f->descriptor, p, (size_t)v, field);
