@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "lmcache/umbp_client.h"
+#include "base/grpcu.h"
 #include "bench/bench.h"
 
 #define NODES       16
@@ -220,11 +221,7 @@ static int raw_pipelined(const char *addr, const char *path, const uint8_t *req,
     if (creds) grpc_channel_credentials_release(creds);
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     struct rcall {
-        grpc_call *call;
-        grpc_byte_buffer *req, *resp;
-        grpc_metadata_array md0, md1;
-        grpc_status_code st;
-        grpc_slice details;
+        struct grpcu_call g;
         uint64_t t0;
         size_t qi;
     } *rc = calloc(depth, sizeof(*rc));
@@ -243,30 +240,13 @@ static int raw_pipelined(const char *addr, const char *path, const uint8_t *req,
         while (!bad && inflight < depth && next < calls) {
             struct rcall *u = NULL;
             for (unsigned k = 0; k < depth && !u; k++)
-                if (!rc[k].call) u = &rc[k];
+                if (!rc[k].g.call) u = &rc[k];
             grpc_slice s = grpc_slice_from_static_buffer(req, req_len);
-            u->req = grpc_raw_byte_buffer_create(&s, 1);
-            grpc_metadata_array_init(&u->md0);
-            grpc_metadata_array_init(&u->md1);
-            u->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
-                                               gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-            grpc_op o[6];
-            memset(o, 0, sizeof(o));
-            o[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-            o[1].op = GRPC_OP_SEND_MESSAGE;
-            o[1].data.send_message.send_message = u->req;
-            o[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-            o[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-            o[3].data.recv_initial_metadata.recv_initial_metadata = &u->md0;
-            o[4].op = GRPC_OP_RECV_MESSAGE;
-            o[4].data.recv_message.recv_message = &u->resp;
-            o[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-            o[5].data.recv_status_on_client.trailing_metadata = &u->md1;
-            o[5].data.recv_status_on_client.status = &u->st;
-            o[5].data.recv_status_on_client.status_details = &u->details;
+            u->g.req = grpc_raw_byte_buffer_create(&s, 1);
             u->t0 = bench_now_ns();
             u->qi = next++;
-            if (!u->call || grpc_call_start_batch(u->call, o, 6, u, NULL) != GRPC_CALL_OK) {
+            if (grpcu_start(&u->g, ch, cq, method, gpr_inf_future(GPR_CLOCK_REALTIME), u)) {
+                grpcu_cleanup(&u->g);
                 bad = 1;
                 break;
             }
@@ -278,23 +258,17 @@ static int raw_pipelined(const char *addr, const char *path, const uint8_t *req,
         struct rcall *u = ev.tag;
         inflight--;
         if (lat_ns) lat_ns[u->qi] = bench_now_ns() - u->t0;
-        if (!ev.success || u->st != GRPC_STATUS_OK || !u->resp) bad = 1;
-        if (u->resp) {
+        if (!ev.success || u->g.status != GRPC_STATUS_OK || !u->g.resp) bad = 1;
+        if (u->g.resp) {
             grpc_byte_buffer_reader rd;
-            if (grpc_byte_buffer_reader_init(&rd, u->resp)) {
+            if (grpc_byte_buffer_reader_init(&rd, u->g.resp)) {
                 grpc_slice in = grpc_byte_buffer_reader_readall(&rd);
                 bytes += GRPC_SLICE_LENGTH(in);
                 grpc_byte_buffer_reader_destroy(&rd);
                 grpc_slice_unref(in);
             }
-            grpc_byte_buffer_destroy(u->resp);
         }
-        grpc_byte_buffer_destroy(u->req);
-        grpc_metadata_array_destroy(&u->md0);
-        grpc_metadata_array_destroy(&u->md1);
-        grpc_slice_unref(u->details);
-        grpc_call_unref(u->call);
-        memset(u, 0, sizeof(*u));
+        grpcu_cleanup(&u->g);
     }
     grpc_completion_queue_shutdown(cq);
     while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/grpcu.h"
 #include "base/pbwire.h"
 #include "umbp.pb-c.h"
 
@@ -80,13 +81,8 @@ bool umbp_client_is_registered(const struct umbp_client *c) { return c->register
 
 /* One in-flight unary call. */
 struct ucall {
-    grpc_call *call;
-    grpc_byte_buffer *req, *resp;
-    grpc_metadata_array md_init, md_trail;
-    grpc_status_code status;
-    grpc_slice details;
+    struct grpcu_call g;
     uint64_t t0;
-    grpc_op ops[6];
 };
 
 static uint64_t now_ns(void) {
@@ -105,53 +101,28 @@ static int ucall_start(struct umbp_client *c, grpc_completion_queue *cq, struct 
     if (!buf) return -1;
     protobuf_c_message_pack(req, buf);
     grpc_slice s = grpc_slice_new(buf, n, free);
-    u->req = grpc_raw_byte_buffer_create(&s, 1);
+    u->g.req = grpc_raw_byte_buffer_create(&s, 1);
     grpc_slice_unref(s);
     gpr_timespec deadline = c->timeout_ms
                                 ? gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
                                                gpr_time_from_millis(c->timeout_ms, GPR_TIMESPAN))
                                 : gpr_inf_future(GPR_CLOCK_REALTIME);
     grpc_slice method = grpc_slice_from_copied_string(path);
-    u->call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
-                                       deadline, NULL);
-    grpc_slice_unref(method);
-    grpc_metadata_array_init(&u->md_init);
-    grpc_metadata_array_init(&u->md_trail);
-    grpc_op *o = u->ops;
-    o[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    o[1].op = GRPC_OP_SEND_MESSAGE;
-    o[1].data.send_message.send_message = u->req;
-    o[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    o[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    o[3].data.recv_initial_metadata.recv_initial_metadata = &u->md_init;
-    o[4].op = GRPC_OP_RECV_MESSAGE;
-    o[4].data.recv_message.recv_message = &u->resp;
-    o[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    o[5].data.recv_status_on_client.trailing_metadata = &u->md_trail;
-    o[5].data.recv_status_on_client.status = &u->status;
-    o[5].data.recv_status_on_client.status_details = &u->details;
     u->t0 = now_ns();
-    if (!u->call || grpc_call_start_batch(u->call, u->ops, 6, tag, NULL) != GRPC_CALL_OK) return -1;
-    return 0;
+    int rc = grpcu_start(&u->g, c->ch, cq, method, deadline, tag);
+    grpc_slice_unref(method);
+    return rc;
 }
 
-static void ucall_cleanup(struct ucall *u) {
-    if (u->call) grpc_call_unref(u->call);
-    if (u->req) grpc_byte_buffer_destroy(u->req);
-    if (u->resp) grpc_byte_buffer_destroy(u->resp);
-    grpc_metadata_array_destroy(&u->md_init);
-    grpc_metadata_array_destroy(&u->md_trail);
-    grpc_slice_unref(u->details);
-    memset(u, 0, sizeof(*u));
-}
+static void ucall_cleanup(struct ucall *u) { grpcu_cleanup(&u->g); }
 
 /* 0 on OK, else the status with its message in err. */
 static int ucall_status(struct ucall *u, const char *rpc, char *err, size_t errlen) {
-    if (u->status == GRPC_STATUS_OK) return 0;
-    char *msg = grpc_slice_to_c_string(u->details);
+    if (u->g.status == GRPC_STATUS_OK) return 0;
+    char *msg = grpc_slice_to_c_string(u->g.details);
     set_err(err, errlen, rpc, msg ? msg : "?");
     gpr_free(msg);
-    return (int)u->status;
+    return (int)u->g.status;
 }
 
 /* Status handling after completion; on OK decodes the reply with desc into *out. */
@@ -160,9 +131,9 @@ static int ucall_finish(struct ucall *u, const char *rpc, const ProtobufCMessage
     int st = ucall_status(u, rpc, err, errlen);
     if (st) return st;
     grpc_slice s = grpc_empty_slice();
-    if (u->resp) {
+    if (u->g.resp) {
         grpc_byte_buffer_reader rd;
-        if (!grpc_byte_buffer_reader_init(&rd, u->resp)) {
+        if (!grpc_byte_buffer_reader_init(&rd, u->g.resp)) {
             set_err(err, errlen, rpc, "unreadable reply");
             return -1;
         }
@@ -484,7 +455,7 @@ int umbp_match_external_kv(struct umbp_client *c, const char *const *hashes, siz
             rc = -1;
         } else {
             rc = ucall_status(&u, "MatchExternalKv", err, errlen);
-            if (!rc) rc = read_match(u.resp, out, err, errlen);
+            if (!rc) rc = read_match(u.g.resp, out, err, errlen);
         }
     }
     ucall_cleanup(&u);
@@ -553,10 +524,10 @@ int umbp_match_external_kv_pipelined(struct umbp_client *c, const char *const *c
         size_t s = (size_t)(u - calls);
         inflight--;
         if (lat_ns) lat_ns[qidx[s]] = now_ns() - u->t0;
-        if (u->resp) bytes += grpc_byte_buffer_length(u->resp);
+        if (u->g.resp) bytes += grpc_byte_buffer_length(u->g.resp);
         struct umbp_match_result res = {0};
         int r = ev.success ? ucall_status(u, "MatchExternalKv", err, errlen) : -1;
-        if (!r) r = read_match(u->resp, &res, err, errlen);
+        if (!r) r = read_match(u->g.resp, &res, err, errlen);
         matched += res.n;
         umbp_match_result_free(&res);
         ucall_cleanup(u);
