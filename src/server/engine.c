@@ -492,13 +492,18 @@ void engine_destroy(struct engine *e) {
 
 static void refresh_salt(const char *salt, const struct l1_salt_stats *st, void *arg) {
     struct engine_l1_metrics *m = arg;
-    size_t i = m->seen++;
+    size_t i = st->id;
+    m->seen++;
     if (i >= m->cap) {
-        uint64_t(*grown)[3] = realloc(m->last, (i + 1) * sizeof(*m->last));
+        uint64_t(*grown)[4] = realloc(m->last, (i + 1) * sizeof(*m->last));
         if (!grown) return;
         memset(grown[m->cap], 0, (i + 1 - m->cap) * sizeof(*grown));
         m->last = grown;
         m->cap = i + 1;
+    }
+    if (m->last[i][3] != (uint64_t)st->gen + 1) { /* a new salt under this id */
+        memset(m->last[i], 0, sizeof(m->last[i]));
+        m->last[i][3] = (uint64_t)st->gen + 1;
     }
     const char *labels[] = {salt};
     add_delta(m->read, labels, st->read_chunks, &m->last[i][0]);

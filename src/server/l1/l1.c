@@ -1199,6 +1199,8 @@ void l1_salt_foreach(struct l1 *l1,
         pthread_mutex_lock(&l1->lru_mu);
         const char *s = keys_intern_str(l1->salts_names, i);
         if (s) snprintf(name, sizeof(name), "%s", s);
+        st.id = i;
+        st.gen = keys_intern_gen(l1->salts_names, i);
         st.bytes = sa->bytes;
         st.objects = sa->objects;
         pthread_mutex_unlock(&l1->lru_mu);

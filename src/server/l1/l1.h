@@ -125,6 +125,8 @@ struct l1_stats {
 };
 
 struct l1_salt_stats {
+    uint32_t id;      /* the salt's id; after the salt is dropped the id may name another salt, */
+    uint32_t gen;     /* with another gen and counters restarted at 0 */
     uint64_t bytes;   /* resident + staging bytes of this salt */
     uint64_t objects; /* resident + staging objects */
     uint64_t read_chunks, write_chunks, evicted_chunks;
