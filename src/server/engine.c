@@ -533,16 +533,16 @@ void engine_refresh_metrics(struct engine *e) {
 static json_t *l1_status(struct engine *e) {
     struct l1_stats st;
     l1_get_stats(e->l1, clock_mono_ns(), &st);
-    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:I}", "policy",
-                     e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "staging_objects",
-                     (json_int_t)st.staging_objects, "temporary_objects",
-                     (json_int_t)st.temporary_objects, "locked_objects",
-                     (json_int_t)st.locked_objects, "read_locked_objects",
-                     (json_int_t)st.read_locked_objects, "write_locked_objects",
-                     (json_int_t)st.write_locked_objects, "bytes_used", (json_int_t)st.bytes_used,
-                     "bytes_total", (json_int_t)st.bytes_total, "staging_bytes",
-                     (json_int_t)st.staging_bytes, "usage_ratio", st.usage_ratio, "hugepages",
-                     st.hugetlb, "prefaulted_bytes", (json_int_t)atomic_load(&e->prefaulted_bytes));
+    return json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:I}", "policy",
+        e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "doomed_objects",
+        (json_int_t)st.doomed_objects, "staging_objects", (json_int_t)st.staging_objects,
+        "temporary_objects", (json_int_t)st.temporary_objects, "locked_objects",
+        (json_int_t)st.locked_objects, "read_locked_objects", (json_int_t)st.read_locked_objects,
+        "write_locked_objects", (json_int_t)st.write_locked_objects, "bytes_used",
+        (json_int_t)st.bytes_used, "bytes_total", (json_int_t)st.bytes_total, "staging_bytes",
+        (json_int_t)st.staging_bytes, "usage_ratio", st.usage_ratio, "hugepages", st.hugetlb,
+        "prefaulted_bytes", (json_int_t)atomic_load(&e->prefaulted_bytes));
 }
 
 json_t *engine_status(struct engine *e) {

@@ -92,6 +92,33 @@ def test_forced_clear_loop_never_returns_another_keys_bytes(make_server):
     assert wrong == 0, f"{wrong} of {hits} chunks carried another object's bytes"
 
 
+def test_forced_clear_keeps_locked_objects_until_released(make_server):
+    s = make_server(args=["--chunk-size", str(CHUNK)])
+    c = DPClient(s.zmq_port)
+    toks = prompt(7, 2)
+    chunks = [b"a" * 5000, b"b" * 5000]
+    try:
+        c.call("store_bytes", model_name="m", token_ids=toks, chunks=chunks)
+        c.call("lookup", request_id="held", model_name="m", token_ids=toks, num_kv_readers=2)
+        assert c.call("clear")["cleared"] == 2
+        l1 = s.get("/status").json()["storage_manager"]["l1"]
+        assert l1["objects"] == 0 and l1["doomed_objects"] == 2 and l1["bytes_used"] > 0
+        # Gone for everyone else; a store of the same chunks waits for the holder.
+        assert c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == []
+        r = c.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"x" * 5000] * 2)
+        assert r["skipped_chunks"] == 2
+        # The session still reads its own objects, then its release frees them.
+        got = c.call("retrieve_bytes", model_name="m", token_ids=toks, request_id="held")
+        assert got["chunks"] == chunks
+        c.call("end_session", request_id="held")
+        l1 = s.get("/status").json()["storage_manager"]["l1"]
+        assert l1["doomed_objects"] == 0 and l1["bytes_used"] == 0
+        assert c.call("store_bytes", model_name="m", token_ids=toks,
+                      chunks=chunks)["stored_chunks"] == 2
+    finally:
+        c.close()
+
+
 def test_isolated_lru_tenant_without_quota_cannot_pin_l1(make_server):
     # 16 MiB of L1; mallory (no quota) stores 24 MiB and read-locks every object with a lookup
     # it never retrieves; bob (1 GiB quota) must still be able to store.
