@@ -495,13 +495,18 @@ void engine_destroy(struct engine *e) {
 
 static void refresh_salt(const char *salt, const struct l1_salt_stats *st, void *arg) {
     struct engine_l1_metrics *m = arg;
-    size_t i = m->seen++;
+    size_t i = st->id;
+    m->seen++;
     if (i >= m->cap) {
-        uint64_t(*grown)[3] = realloc(m->last, (i + 1) * sizeof(*m->last));
+        uint64_t(*grown)[4] = realloc(m->last, (i + 1) * sizeof(*m->last));
         if (!grown) return;
         memset(grown[m->cap], 0, (i + 1 - m->cap) * sizeof(*grown));
         m->last = grown;
         m->cap = i + 1;
+    }
+    if (m->last[i][3] != (uint64_t)st->gen + 1) { /* a new salt under this id */
+        memset(m->last[i], 0, sizeof(m->last[i]));
+        m->last[i][3] = (uint64_t)st->gen + 1;
     }
     const char *labels[] = {salt};
     add_delta(m->read, labels, st->read_chunks, &m->last[i][0]);
@@ -531,16 +536,16 @@ void engine_refresh_metrics(struct engine *e) {
 static json_t *l1_status(struct engine *e) {
     struct l1_stats st;
     l1_get_stats(e->l1, clock_mono_ns(), &st);
-    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:I}", "policy",
-                     e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "staging_objects",
-                     (json_int_t)st.staging_objects, "temporary_objects",
-                     (json_int_t)st.temporary_objects, "locked_objects",
-                     (json_int_t)st.locked_objects, "read_locked_objects",
-                     (json_int_t)st.read_locked_objects, "write_locked_objects",
-                     (json_int_t)st.write_locked_objects, "bytes_used", (json_int_t)st.bytes_used,
-                     "bytes_total", (json_int_t)st.bytes_total, "staging_bytes",
-                     (json_int_t)st.staging_bytes, "usage_ratio", st.usage_ratio, "hugepages",
-                     st.hugetlb, "prefaulted_bytes", (json_int_t)atomic_load(&e->prefaulted_bytes));
+    return json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:I}", "policy",
+        e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "doomed_objects",
+        (json_int_t)st.doomed_objects, "staging_objects", (json_int_t)st.staging_objects,
+        "temporary_objects", (json_int_t)st.temporary_objects, "locked_objects",
+        (json_int_t)st.locked_objects, "read_locked_objects", (json_int_t)st.read_locked_objects,
+        "write_locked_objects", (json_int_t)st.write_locked_objects, "bytes_used",
+        (json_int_t)st.bytes_used, "bytes_total", (json_int_t)st.bytes_total, "staging_bytes",
+        (json_int_t)st.staging_bytes, "usage_ratio", st.usage_ratio, "hugepages", st.hugetlb,
+        "prefaulted_bytes", (json_int_t)atomic_load(&e->prefaulted_bytes));
 }
 
 json_t *engine_status(struct engine *e) {

@@ -51,9 +51,10 @@ struct engine_l1_metrics {
     pthread_mutex_t lock;
     struct metric_family *read, *write, *evicted, *alloc_fail, *ticks, *triggered;
     uint64_t last_alloc_fail, last_ticks, last_triggered;
-    /* per salt, in L1's salt-id order (ids are stable): last read/write/evicted seen */
+    /* per salt id: last read/write/evicted seen, and 1 + the id's generation they belong to (an
+     * id L1 reuses for another salt starts again from 0) */
     size_t seen, cap;
-    uint64_t (*last)[3];
+    uint64_t (*last)[4];
     struct l1_stats snap; /* taken at the last refresh, read by the gauges */
 };
 

@@ -302,11 +302,15 @@ int keys_l2_name_parse(const char *name, size_t len, struct keys_object_key *out
 struct keys_intern {
     pthread_mutex_t mu;
     uint32_t max_ids;
-    _Atomic uint32_t count;
-    char *_Atomic *strs;   /* [max_ids], published with release stores */
-    uint32_t *slots;       /* open addressing: id + 1, 0 = empty */
-    uint32_t *slot_hashes; /* cached hash per slot */
-    uint32_t nslots;       /* power of two, >= 2 * max_ids */
+    _Atomic uint32_t count; /* ids handed out so far (high-water mark) */
+    uint32_t used;          /* ids currently naming a string */
+    char *_Atomic *strs;    /* [max_ids], published with release stores; NULL = free id */
+    _Atomic uint32_t *gens; /* [max_ids], bumped when an id is removed */
+    uint32_t *slots;        /* open addressing: id + 1, 0 = empty */
+    uint32_t *slot_hashes;  /* cached hash per slot */
+    uint32_t nslots;        /* power of two, >= 2 * max_ids */
+    uint32_t *free_ring;    /* removed ids, reused oldest first */
+    uint32_t free_head, free_n;
 };
 
 static uint32_t str_hash(const char *s, size_t len) {
@@ -323,10 +327,15 @@ struct keys_intern *keys_intern_create(uint32_t max_ids) {
     t->nslots = 16;
     while (t->nslots < 2 * max_ids) t->nslots <<= 1;
     t->strs = calloc(max_ids, sizeof(*t->strs));
+    t->gens = calloc(max_ids, sizeof(*t->gens));
+    t->free_ring = calloc(max_ids, sizeof(*t->free_ring));
     t->slots = calloc(t->nslots, sizeof(*t->slots));
     t->slot_hashes = calloc(t->nslots, sizeof(*t->slot_hashes));
-    if (!t->strs || !t->slots || !t->slot_hashes || pthread_mutex_init(&t->mu, NULL) != 0) {
+    if (!t->strs || !t->gens || !t->free_ring || !t->slots || !t->slot_hashes ||
+        pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t->strs);
+        free(t->gens);
+        free(t->free_ring);
         free(t->slots);
         free(t->slot_hashes);
         free(t);
@@ -340,6 +349,8 @@ void keys_intern_destroy(struct keys_intern *t) {
     uint32_t n = atomic_load(&t->count);
     for (uint32_t i = 0; i < n; i++) free(atomic_load(&t->strs[i]));
     free(t->strs);
+    free(t->gens);
+    free(t->free_ring);
     free(t->slots);
     free(t->slot_hashes);
     pthread_mutex_destroy(&t->mu);
@@ -360,7 +371,7 @@ static uint32_t do_intern_probe(struct keys_intern *t, const char *s, size_t len
 }
 
 static int intern_common(struct keys_intern *t, const char *s, size_t len, uint32_t *id,
-                         bool insert) {
+                         uint32_t *gen, bool insert) {
     uint32_t h = str_hash(s, len);
     int rc = -1;
     pthread_mutex_lock(&t->mu);
@@ -368,30 +379,79 @@ static int intern_common(struct keys_intern *t, const char *s, size_t len, uint3
     if (t->slots[slot] != 0) {
         *id = t->slots[slot] - 1;
         rc = 0;
-    } else if (insert) {
-        uint32_t n = atomic_load_explicit(&t->count, memory_order_relaxed);
-        char *copy = n < t->max_ids ? malloc(len + 1) : NULL;
+    } else if (insert && t->used < t->max_ids) {
+        char *copy = malloc(len + 1);
         if (copy) {
+            uint32_t n;
+            if (t->free_n) { /* the oldest removed id: its generation moved on when removed */
+                n = t->free_ring[t->free_head];
+                t->free_head = (t->free_head + 1) % t->max_ids;
+                t->free_n--;
+            } else {
+                n = atomic_load_explicit(&t->count, memory_order_relaxed);
+            }
             memcpy(copy, s, len);
             copy[len] = '\0';
             atomic_store_explicit(&t->strs[n], copy, memory_order_release);
-            atomic_store_explicit(&t->count, n + 1, memory_order_release);
+            if (n == atomic_load_explicit(&t->count, memory_order_relaxed))
+                atomic_store_explicit(&t->count, n + 1, memory_order_release);
             t->slots[slot] = n + 1;
             t->slot_hashes[slot] = h;
+            t->used++;
             *id = n;
             rc = 0;
         }
+    }
+    if (rc == 0 && gen) *gen = atomic_load_explicit(&t->gens[*id], memory_order_relaxed);
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int keys_intern(struct keys_intern *t, const char *s, size_t len, uint32_t *id, uint32_t *gen) {
+    return intern_common(t, s, len, id, gen, true);
+}
+
+int keys_intern_find(struct keys_intern *t, const char *s, size_t len, uint32_t *id,
+                     uint32_t *gen) {
+    return intern_common(t, s, len, id, gen, false);
+}
+
+int keys_intern_remove(struct keys_intern *t, uint32_t id) {
+    int rc = -1;
+    pthread_mutex_lock(&t->mu);
+    char *str = id < atomic_load_explicit(&t->count, memory_order_relaxed)
+                    ? atomic_load_explicit(&t->strs[id], memory_order_relaxed)
+                    : NULL;
+    if (str) {
+        uint32_t mask = t->nslots - 1;
+        uint32_t i = do_intern_probe(t, str, strlen(str), str_hash(str, strlen(str)));
+        /* Backward-shift deletion keeps every probe chain unbroken without tombstones: an entry
+         * after the hole moves into it unless its home slot lies cyclically in (hole, entry]. */
+        t->slots[i] = 0;
+        for (uint32_t j = (i + 1) & mask; t->slots[j] != 0; j = (j + 1) & mask) {
+            uint32_t home = t->slot_hashes[j] & mask;
+            bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+            if (stays) continue;
+            t->slots[i] = t->slots[j];
+            t->slot_hashes[i] = t->slot_hashes[j];
+            t->slots[j] = 0;
+            i = j;
+        }
+        atomic_store_explicit(&t->strs[id], NULL, memory_order_release);
+        atomic_fetch_add_explicit(&t->gens[id], 1, memory_order_relaxed);
+        t->free_ring[(t->free_head + t->free_n) % t->max_ids] = id;
+        t->free_n++;
+        t->used--;
+        free(str);
+        rc = 0;
     }
     pthread_mutex_unlock(&t->mu);
     return rc;
 }
 
-int keys_intern(struct keys_intern *t, const char *s, size_t len, uint32_t *id) {
-    return intern_common(t, s, len, id, true);
-}
-
-int keys_intern_find(struct keys_intern *t, const char *s, size_t len, uint32_t *id) {
-    return intern_common(t, s, len, id, false);
+uint32_t keys_intern_gen(const struct keys_intern *t, uint32_t id) {
+    if (id >= atomic_load_explicit(&t->count, memory_order_acquire)) return 0;
+    return atomic_load_explicit(&((struct keys_intern *)t)->gens[id], memory_order_relaxed);
 }
 
 const char *keys_intern_str(const struct keys_intern *t, uint32_t id) {
@@ -401,4 +461,11 @@ const char *keys_intern_str(const struct keys_intern *t, uint32_t id) {
 
 uint32_t keys_intern_count(const struct keys_intern *t) {
     return atomic_load_explicit(&t->count, memory_order_acquire);
+}
+
+uint32_t keys_intern_used(struct keys_intern *t) {
+    pthread_mutex_lock(&t->mu);
+    uint32_t n = t->used;
+    pthread_mutex_unlock(&t->mu);
+    return n;
 }

@@ -95,22 +95,33 @@ int keys_l2_name_parse(const char *name, size_t len, struct keys_object_key *out
                        size_t errlen);
 
 /* ---- intern table ---------------------------------------------------------------------------
- * Maps strings to dense ids 0, 1, 2, ... in order of first appearance. Ids and the string
- * pointers returned by keys_intern_str() stay valid until keys_intern_destroy(); entries are
- * never removed. Lookups and inserts take the table's mutex (a leaf lock); keys_intern_str() and
- * keys_intern_count() take no lock. */
+ * Maps strings to small ids below max_ids. A new string takes a never-used id (0, 1, 2, ...) or,
+ * once those ran out, the id removed longest ago. Every id has a generation that
+ * keys_intern_remove() bumps, so a (id, generation) pair names one string for ever even after
+ * the id is reused: a holder that may outlive the string keeps both and compares. Lookups,
+ * inserts and removals take the table's mutex (a leaf lock); keys_intern_str(),
+ * keys_intern_gen() and keys_intern_count() take no lock. The string of an id stays valid until
+ * that id is removed: a caller that reads it must exclude removal itself (L1 removes ids only
+ * under its LRU lock). */
 
 struct keys_intern;
 
 struct keys_intern *keys_intern_create(uint32_t max_ids);
 void keys_intern_destroy(struct keys_intern *t);
-/* Returns 0 and the id of s (inserting it if new), or -1 when the table is full or out of
- * memory. */
-int keys_intern(struct keys_intern *t, const char *s, size_t len, uint32_t *id);
-/* Returns 0 and the id if s is already interned, -1 otherwise. Never inserts. */
-int keys_intern_find(struct keys_intern *t, const char *s, size_t len, uint32_t *id);
-/* The string of an id, or NULL if the id was never handed out. */
+/* Returns 0 with the id and generation (gen may be NULL) of s, inserting it if new; -1 when
+ * every id is in use or out of memory. */
+int keys_intern(struct keys_intern *t, const char *s, size_t len, uint32_t *id, uint32_t *gen);
+/* Returns 0 with the id and generation if s is interned, -1 otherwise. Never inserts. */
+int keys_intern_find(struct keys_intern *t, const char *s, size_t len, uint32_t *id, uint32_t *gen);
+/* Frees an id for reuse and bumps its generation. Returns 0, or -1 when the id is not in use. */
+int keys_intern_remove(struct keys_intern *t, uint32_t id);
+/* The current generation of an id (0 for ids never handed out). */
+uint32_t keys_intern_gen(const struct keys_intern *t, uint32_t id);
+/* The string of an id, or NULL if the id is not in use. */
 const char *keys_intern_str(const struct keys_intern *t, uint32_t id);
+/* One more than the highest id ever handed out: a bound for loops over ids (some may be free). */
 uint32_t keys_intern_count(const struct keys_intern *t);
+/* Ids currently in use. */
+uint32_t keys_intern_used(struct keys_intern *t);
 
 #endif

@@ -198,17 +198,17 @@ static void test_intern(void **state) {
     struct keys_intern *t = keys_intern_create(3);
     assert_non_null(t);
     uint32_t a, b, c, d;
-    assert_int_equal(keys_intern(t, "", 0, &a), 0);
-    assert_int_equal(keys_intern(t, "alice", 5, &b), 0);
-    assert_int_equal(keys_intern(t, "alice", 5, &c), 0);
+    assert_int_equal(keys_intern(t, "", 0, &a, NULL), 0);
+    assert_int_equal(keys_intern(t, "alice", 5, &b, NULL), 0);
+    assert_int_equal(keys_intern(t, "alice", 5, &c, NULL), 0);
     assert_int_equal(a, 0);
     assert_int_equal(b, 1);
     assert_int_equal(c, 1);
-    assert_int_equal(keys_intern_find(t, "bob", 3, &d), -1);
-    assert_int_equal(keys_intern(t, "bob", 3, &d), 0);
+    assert_int_equal(keys_intern_find(t, "bob", 3, &d, NULL), -1);
+    assert_int_equal(keys_intern(t, "bob", 3, &d, NULL), 0);
     assert_int_equal(d, 2);
-    assert_int_equal(keys_intern(t, "carol", 5, &d), -1); /* full */
-    assert_int_equal(keys_intern_find(t, "alice", 5, &d), 0);
+    assert_int_equal(keys_intern(t, "carol", 5, &d, NULL), -1); /* full */
+    assert_int_equal(keys_intern_find(t, "alice", 5, &d, NULL), 0);
     assert_int_equal(d, 1);
     assert_string_equal(keys_intern_str(t, 0), "");
     assert_string_equal(keys_intern_str(t, 2), "bob");
@@ -216,6 +216,75 @@ static void test_intern(void **state) {
     assert_int_equal(keys_intern_count(t), 3);
     keys_intern_destroy(t);
     assert_null(keys_intern_create(0));
+}
+
+static int next_rand(unsigned *seed) {
+    *seed = *seed * 1103515245u + 12345u;
+    return (int)((*seed >> 16) & 0x7fff);
+}
+
+/* Removal frees an id for reuse under a new generation, oldest removed first, and keeps every
+ * other string findable (backward-shift deletion checked against a model). */
+static void test_intern_remove_reuse(void **state) {
+    (void)state;
+    struct keys_intern *t = keys_intern_create(3);
+    uint32_t id, gen;
+    assert_int_equal(keys_intern(t, "a", 1, &id, &gen), 0);
+    assert_int_equal(keys_intern(t, "b", 1, &id, &gen), 0);
+    assert_int_equal(keys_intern(t, "c", 1, &id, &gen), 0);
+    assert_int_equal(keys_intern(t, "d", 1, &id, &gen), -1); /* full */
+    assert_int_equal(keys_intern_remove(t, 1), 0);
+    assert_int_equal(keys_intern_remove(t, 1), -1);
+    assert_int_equal(keys_intern_remove(t, 7), -1);
+    assert_int_equal(keys_intern_remove(t, 0), 0);
+    assert_null(keys_intern_str(t, 1));
+    assert_int_equal(keys_intern_find(t, "b", 1, &id, &gen), -1);
+    assert_int_equal(keys_intern_used(t), 1);
+    assert_int_equal(keys_intern(t, "d", 1, &id, &gen), 0);
+    assert_int_equal(id, 1); /* removed first, reused first */
+    assert_int_equal(gen, 1);
+    assert_int_equal(keys_intern(t, "b", 1, &id, &gen), 0);
+    assert_int_equal(id, 0);
+    assert_int_equal(gen, 1);
+    assert_string_equal(keys_intern_str(t, 1), "d");
+    assert_int_equal(keys_intern_count(t), 3);
+    keys_intern_destroy(t);
+
+    enum { N = 48, CAP = 32, OPS = 20000 };
+    t = keys_intern_create(CAP);
+    int model[N]; /* id + 1 of string i, 0 when absent */
+    memset(model, 0, sizeof(model));
+    unsigned seed = 1;
+    uint32_t used = 0;
+    for (int op = 0; op < OPS; op++) {
+        int i = next_rand(&seed) % N;
+        char s[8];
+        int len = snprintf(s, sizeof(s), "s%d", i);
+        if (next_rand(&seed) % 2) {
+            int rc = keys_intern(t, s, (size_t)len, &id, NULL);
+            if (model[i]) {
+                assert_int_equal(rc, 0);
+                assert_int_equal(id + 1, model[i]);
+            } else if (used < CAP) {
+                assert_int_equal(rc, 0);
+                model[i] = (int)id + 1;
+                used++;
+            } else {
+                assert_int_equal(rc, -1);
+            }
+        } else if (model[i]) {
+            assert_int_equal(keys_intern_remove(t, (uint32_t)model[i] - 1), 0);
+            model[i] = 0;
+            used--;
+        }
+        int j = next_rand(&seed) % N;
+        len = snprintf(s, sizeof(s), "s%d", j);
+        int rc = keys_intern_find(t, s, (size_t)len, &id, NULL);
+        assert_int_equal(rc, model[j] ? 0 : -1);
+        if (model[j]) assert_int_equal(id + 1, model[j]);
+    }
+    assert_int_equal(keys_intern_used(t), used);
+    keys_intern_destroy(t);
 }
 
 int main(void) {
@@ -227,6 +296,7 @@ int main(void) {
         cmocka_unit_test(test_object_key_validation),
         cmocka_unit_test(test_l2_names),
         cmocka_unit_test(test_intern),
+        cmocka_unit_test(test_intern_remove_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -286,21 +286,24 @@ static void test_isolated_lru_quota(void **state) {
     }
     assert_int_equal(l1_salt_usage_bytes(l1, "alice"), 6 * OBJ);
     assert_int_equal(l1_salt_usage_bytes(l1, "nobody"), 0);
-    /* Same hash under different salts are different objects. */
-    assert_int_equal(l1_reserve_read(l1, &b[0], 1, now, NULL), L1_OK); /* locked: survives */
-    assert_int_equal(l1_finish_read(l1, &b[0], 0, now), L1_OK);
+    /* Same hash under different salts are different objects. A salt without quota may not
+     * read-lock (it would pin memory its eviction must reclaim); one with a quota may. */
+    assert_int_equal(l1_reserve_read(l1, &b[0], 1, now, NULL), L1_ERR_OVER_QUOTA);
+    assert_int_equal(l1_reserve_read(l1, &d[0], 1, now, NULL), L1_OK); /* locked: survives */
+    assert_int_equal(l1_finish_read(l1, &d[0], 0, now), L1_OK);
     l1_touch(l1, &a[0], now); /* alice's MRU: a[1], a[2] are her oldest */
     struct l1_tick_report rep;
     l1_evict_tick(l1, now, &rep);
     assert_false(rep.triggered);
-    assert_int_equal(rep.quota_evicted_objects, 2 + 5 + 4);
+    assert_int_equal(rep.quota_evicted_objects, 2 + 6 + 4);
     assert_int_equal(l1_salt_usage_bytes(l1, "alice"), 4 * OBJ);
-    assert_int_equal(l1_salt_usage_bytes(l1, "bob"), 1 * OBJ);
+    assert_int_equal(l1_salt_usage_bytes(l1, "bob"), 0);
     assert_int_equal(l1_salt_usage_bytes(l1, ""), 2 * OBJ);
+    assert_int_equal(l1_reserve_read(l1, &d[0], 1, now, NULL), L1_OK); /* survived */
+    assert_int_equal(l1_finish_read(l1, &d[0], 2, now), L1_OK);
     assert_int_equal(l1_reserve_read(l1, &a[1], 1, now, NULL), L1_ERR_NOT_FOUND);
     assert_int_equal(l1_reserve_read(l1, &a[2], 1, now, NULL), L1_ERR_NOT_FOUND);
     assert_int_equal(l1_reserve_read(l1, &a[0], 1, now, NULL), L1_OK);
-    assert_int_equal(l1_reserve_read(l1, &d[4], 1, now, NULL), L1_OK);
     assert_int_equal(l1_reserve_read(l1, &d[5], 1, now, NULL), L1_OK);
     /* Removing a quota evicts the salt on the next tick; raising one stops eviction. */
     assert_true(quota_remove(q, "alice"));
@@ -308,7 +311,7 @@ static void test_isolated_lru_quota(void **state) {
     assert_int_equal(l1_salt_usage_bytes(l1, "alice"), OBJ); /* a[0] is read-locked */
     assert_int_equal(quota_set(q, "bob", 100 * OBJ, err, sizeof(err)), 0);
     l1_quota_changed(l1);
-    for (unsigned i = 1; i < 6; i++) assert_int_equal(store(l1, &b[i], now, 2), L1_OK);
+    for (unsigned i = 0; i < 6; i++) assert_int_equal(store(l1, &b[i], now, 2), L1_OK);
     l1_evict_tick(l1, now + 400 * SEC, &rep);
     assert_int_equal(l1_salt_usage_bytes(l1, "bob"), 6 * OBJ);
     assert_int_equal(l1_salt_usage_bytes(l1, "alice"), 0); /* lease expired */
@@ -366,8 +369,15 @@ static void test_clear(void **state) {
     struct l1_stats st;
     l1_get_stats(l1, now, &st);
     assert_int_equal(st.objects + st.staging_objects, 0);
-    assert_int_equal(st.bytes_used, 0);
+    /* Their holders still copy: both are doomed, not freed, until they finish. */
+    assert_int_equal(st.doomed_objects, 2);
+    assert_int_equal(st.bytes_used, OBJ + 4096);
+    assert_int_equal(l1_reserve_read(l1, &k[1], 1, now, NULL), L1_ERR_NOT_FOUND);
     assert_int_equal(l1_finish_write(l1, &k[2], w.token, 0, now), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_finish_read(l1, &k[1], 1, now), L1_OK);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 0);
+    assert_int_equal(st.bytes_used, 0);
     l1_destroy(l1);
 }
 
@@ -388,6 +398,173 @@ static void test_prefix_lookup_and_names(void **state) {
     l1_destroy(l1);
 }
 
+/* A forced clear while a lookup's locks are held: the holder still reads its object's bytes
+ * (not another object's) and its release frees the doomed entry; a store of the same key
+ * waits until then instead of producing a second entry the release could hit. */
+static void test_forced_clear_defers_locked_free(void **state) {
+    (void)state;
+    struct l1 *l1 = mk(2 * OBJ, L1_POLICY_LRU, NULL); /* room for two objects */
+    uint64_t now = SEC;
+    struct l1_key k[3];
+    for (unsigned i = 0; i < 3; i++) k[i] = key(l1, i, NULL);
+    assert_int_equal(store(l1, &k[0], now, 0xaa), L1_OK);
+    assert_int_equal(l1_reserve_read_prefix(l1, &k[0], 1, 2, now), 1); /* a lookup, 2 readers */
+    struct l1_ref w;
+    assert_int_equal(l1_reserve_write(l1, &k[1], OBJ, false, now, &w), L1_OK);
+    assert_int_equal(l1_clear(l1, true, now), 2);
+    /* Both blocks are still in use: a new object cannot take either. */
+    assert_int_equal(store(l1, &k[2], now, 0xcc), L1_ERR_NOMEM);
+    assert_int_equal(l1_reserve_write(l1, &k[0], OBJ, false, now, &w), L1_ERR_BUSY);
+    assert_int_equal(l1_reserve_read(l1, &k[0], 1, now, NULL), L1_ERR_NOT_FOUND);
+    struct l1_ref r;
+    assert_int_equal(l1_read_locked(l1, &k[0], now, &r), L1_OK);
+    assert_int_equal(((unsigned char *)r.data)[0], 0xaa);
+    assert_int_equal(((unsigned char *)r.data)[OBJ - 1], 0xaa);
+    /* The writer of k[1] finishes: its entry was cleared, its block is freed now. */
+    assert_int_equal(l1_finish_write(l1, &k[1], w.token, 0, now), L1_ERR_NOT_FOUND);
+    assert_int_equal(store(l1, &k[2], now, 0xcc), L1_OK);
+    assert_int_equal(l1_finish_read(l1, &k[0], 1, now), L1_OK);
+    assert_int_equal(l1_read_locked(l1, &k[0], now, &r), L1_OK); /* one reader left */
+    assert_int_equal(((unsigned char *)r.data)[0], 0xaa);
+    assert_int_equal(l1_finish_read(l1, &k[0], 1, now), L1_OK);
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 0);
+    assert_int_equal(st.bytes_used, OBJ);
+    assert_int_equal(store(l1, &k[0], now, 0xbb), L1_OK); /* the key is free again */
+    /* A forced delete of a locked object dooms it the same way; a lapsed lease frees it at the
+     * next tick. */
+    assert_int_equal(l1_reserve_read(l1, &k[0], 1, now, NULL), L1_OK);
+    assert_int_equal(l1_delete(l1, &k[0], true, now), L1_OK);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 1);
+    struct l1_tick_report rep;
+    l1_evict_tick(l1, now, &rep);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 1);
+    l1_evict_tick(l1, now + 301 * SEC, &rep);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 0);
+    assert_int_equal(store(l1, &k[0], now + 301 * SEC, 0xbb), L1_OK);
+    l1_destroy(l1);
+}
+
+/* IsolatedLRU: a salt without quota that read-locks its own objects cannot pin the arena; a
+ * salt within its quota can still store. Locks are capped at the quota, not refused outright. */
+static void test_isolated_locks_capped_by_quota(void **state) {
+    (void)state;
+    struct quota *q = quota_create();
+    char err[160];
+    assert_int_equal(quota_set(q, "bob", 8 * OBJ, err, sizeof(err)), 0);
+    assert_int_equal(quota_set(q, "carol", 2 * OBJ, err, sizeof(err)), 0);
+    struct l1 *l1 = mk(16 * OBJ, L1_POLICY_ISOLATED_LRU, q);
+    uint64_t now = SEC;
+    struct l1_key m[16], b[8], c[3];
+    for (unsigned i = 0; i < 16; i++) {
+        m[i] = key(l1, i, "mallory"); /* no quota */
+        assert_int_equal(store(l1, &m[i], now, 1), L1_OK);
+        l1_reserve_read_prefix(l1, &m[i], 1, 1, now); /* a lookup that never retrieves */
+    }
+    for (unsigned i = 0; i < 8; i++) {
+        b[i] = key(l1, i, "bob");
+        assert_int_equal(store(l1, &b[i], now, 2), L1_OK);
+    }
+    assert_int_equal(l1_salt_usage_bytes(l1, "bob"), 8 * OBJ);
+    /* carol may lock up to her quota; a release makes room for another lock. */
+    for (unsigned i = 0; i < 3; i++) {
+        c[i] = key(l1, i, "carol");
+        assert_int_equal(store(l1, &c[i], now, 3), L1_OK);
+    }
+    assert_int_equal(l1_reserve_read(l1, &c[0], 1, now, NULL), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &c[1], 4, now, NULL), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &c[0], 1, now, NULL), L1_OK); /* already counted */
+    assert_int_equal(l1_reserve_read(l1, &c[2], 1, now, NULL), L1_ERR_OVER_QUOTA);
+    assert_int_equal(l1_finish_read(l1, &c[1], 4, now), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &c[2], 1, now, NULL), L1_OK);
+    /* A store admitted with read locks over the quota is stored without them. */
+    struct l1_key c3 = key(l1, 3, "carol");
+    struct l1_ref w;
+    assert_int_equal(l1_reserve_write(l1, &c3, OBJ, false, now, &w), L1_OK);
+    assert_int_equal(l1_finish_write(l1, &c3, w.token, 1, now), L1_ERR_OVER_QUOTA);
+    assert_int_equal(l1_read_locked(l1, &c3, now, NULL), L1_ERR_NOT_READABLE);
+    l1_destroy(l1);
+    quota_destroy(q);
+}
+
+static struct l1 *mk_names(uint32_t max_salts) {
+    struct l1_config cfg = {.size_bytes = 1 << 20, .stripes = 8, .max_salts = max_salts};
+    struct l1 *l1 = NULL;
+    char err[160];
+    if (l1_create(&cfg, &l1, err, sizeof(err)) != 0) fail_msg("l1_create: %s", err);
+    return l1;
+}
+
+static struct l1_key lookup_key(struct l1 *l1, unsigned i, const char *salt) {
+    struct keys_object_key k;
+    char hex[17], err[KEYS_ERR_MAX];
+    snprintf(hex, sizeof(hex), "%016x", i);
+    assert_int_equal(keys_object_key_init(&k, hex, 16, "m", 1, 0x01000100, 0, salt, strlen(salt),
+                                          err, sizeof(err)),
+                     0);
+    struct l1_key out;
+    assert_int_equal(l1_key_lookup(l1, &k, &out), L1_OK);
+    return out;
+}
+
+static int make(struct l1 *l1, unsigned i, const char *salt, struct l1_key *out) {
+    struct keys_object_key k;
+    char hex[17], err[KEYS_ERR_MAX];
+    snprintf(hex, sizeof(hex), "%016x", i);
+    assert_int_equal(keys_object_key_init(&k, hex, 16, "m", 1, 0x01000100, 0, salt, strlen(salt),
+                                          err, sizeof(err)),
+                     0);
+    return l1_key_make(l1, &k, out);
+}
+
+/* Reads never add names; a full table drops names no object uses instead of refusing every new
+ * name for good, and a key made before its name was dropped never reaches the new name. */
+static void test_names_released_and_reused(void **state) {
+    (void)state;
+    struct l1 *l1 = mk_names(4);
+    char salt[16];
+    for (unsigned i = 0; i < 100; i++) { /* lookups with fresh salts */
+        snprintf(salt, sizeof(salt), "fresh%u", i);
+        struct l1_key k = lookup_key(l1, i, salt);
+        assert_int_equal(l1_reserve_read(l1, &k, 1, SEC, NULL), L1_ERR_NOT_FOUND);
+        assert_int_equal(l1_finish_read(l1, &k, 1, SEC), L1_ERR_NOT_FOUND);
+        assert_int_equal(l1_reserve_write(l1, &k, OBJ, false, SEC, NULL), L1_ERR_INVAL);
+    }
+    struct l1_key k[6];
+    for (unsigned i = 0; i < 4; i++) {
+        snprintf(salt, sizeof(salt), "t%u", i);
+        assert_int_equal(make(l1, 7, salt, &k[i]), L1_OK);
+        assert_int_equal(store(l1, &k[i], SEC, (uint8_t)i), L1_OK);
+    }
+    /* Every name is used by an object: a fifth is refused, a known one still works. */
+    assert_int_equal(make(l1, 7, "t4", &k[4]), L1_ERR_TOO_MANY_NAMES);
+    assert_int_equal(make(l1, 8, "t0", &k[5]), L1_OK);
+    /* t1's only object goes: its name is dropped for t4, which gets t1's id. */
+    assert_int_equal(l1_delete(l1, &k[1], false, SEC), L1_OK);
+    assert_int_equal(make(l1, 7, "t4", &k[4]), L1_OK);
+    assert_int_equal(k[4].salt_id, k[1].salt_id);
+    assert_true(k[4].salt_gen != k[1].salt_gen);
+    assert_int_equal(store(l1, &k[4], SEC, 4), L1_OK);
+    assert_string_equal(l1_salt_name(l1, k[4].salt_id), "t4");
+    /* The old t1 key (same hash) neither reads t4's object nor stores under t4's id. */
+    assert_int_equal(l1_reserve_read(l1, &k[1], 1, SEC, NULL), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_reserve_write(l1, &k[1], OBJ, false, SEC, NULL), L1_ERR_TOO_MANY_NAMES);
+    assert_int_equal(l1_salt_usage_bytes(l1, "t1"), 0);
+    assert_int_equal(l1_salt_usage_bytes(l1, "t4"), OBJ);
+    /* A clear frees every name for new ones. */
+    l1_clear(l1, true, SEC);
+    for (unsigned i = 0; i < 4; i++) {
+        snprintf(salt, sizeof(salt), "u%u", i);
+        assert_int_equal(make(l1, 7, salt, &k[0]), L1_OK);
+        assert_int_equal(store(l1, &k[0], SEC, 5), L1_OK);
+    }
+    l1_destroy(l1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_machine),
@@ -400,6 +577,9 @@ int main(void) {
         cmocka_unit_test(test_isolated_evict_on_allocate),
         cmocka_unit_test(test_clear),
         cmocka_unit_test(test_prefix_lookup_and_names),
+        cmocka_unit_test(test_forced_clear_defers_locked_free),
+        cmocka_unit_test(test_isolated_locks_capped_by_quota),
+        cmocka_unit_test(test_names_released_and_reused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -186,10 +186,11 @@ static int parse_range(struct op_ctx *o, struct chunk_range *cr, uint32_t ranks)
     return 0;
 }
 
-/* The L1 key of chunk c for one rank. */
+/* The L1 key of chunk c for one rank. intern: a store's key (adds the names); otherwise a
+ * read's key, which adds nothing (an unknown name is a key no object has). */
 static int make_key2(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, const char *model,
                      uint32_t world_size, uint32_t rank, struct l1_key *out,
-                     struct keys_object_key *okey) {
+                     struct keys_object_key *okey, bool intern) {
     struct keys_object_key kbuf, *kp = okey ? okey : &kbuf;
     struct keys_object_key k;
     memset(&k, 0, sizeof(k));
@@ -202,8 +203,10 @@ static int make_key2(struct op_ctx *o, const struct chunk_range *cr, uint32_t c,
     }
     snprintf(k.model_name, sizeof(k.model_name), "%s", model);
     snprintf(k.cache_salt, sizeof(k.cache_salt), "%s", cr->salt);
-    if (l1_key_make(o->e->l1, &k, out) != L1_OK) {
-        dp_fail(o->err, DP_INTERNAL, "too many distinct model names or cache salts");
+    if (!intern) {
+        l1_key_lookup(o->e->l1, &k, out);
+    } else if (l1_key_make(o->e->l1, &k, out) != L1_OK) {
+        dp_fail(o->err, DP_TOO_MANY_NAMES, "too many distinct model names or cache salts in use");
         return -1;
     }
     *kp = k;
@@ -212,7 +215,7 @@ static int make_key2(struct op_ctx *o, const struct chunk_range *cr, uint32_t c,
 
 static int make_key(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, const char *model,
                     uint32_t world_size, uint32_t rank, struct l1_key *out) {
-    return make_key2(o, cr, c, model, world_size, rank, out, NULL);
+    return make_key2(o, cr, c, model, world_size, rank, out, NULL, false);
 }
 
 /* Objects a store admitted, for the write-through to L2 once the request is done. */
@@ -392,7 +395,8 @@ static int store_chunks(struct op_ctx *o, const struct chunk_range *cr, const ch
         uint32_t i = ch - cr->start_chunk;
         struct l1_key key;
         struct l1_ref ref;
-        if (make_key2(o, cr, ch, model, ws, rank, &key, wt.keys ? &wt.keys[wt.n] : NULL) < 0) {
+        if (make_key2(o, cr, ch, model, ws, rank, &key, wt.keys ? &wt.keys[wt.n] : NULL, true) <
+            0) {
             rc = -1;
             break;
         }
@@ -403,8 +407,11 @@ static int store_chunks(struct op_ctx *o, const struct chunk_range *cr, const ch
             continue;
         }
         if (w != L1_OK) {
-            dp_fail(o->err, w == L1_ERR_NOMEM ? DP_OUT_OF_MEMORY : DP_BAD_REQUEST, "L1: %s",
-                    l1_strerror(w));
+            dp_fail(o->err,
+                    w == L1_ERR_NOMEM            ? DP_OUT_OF_MEMORY
+                    : w == L1_ERR_TOO_MANY_NAMES ? DP_TOO_MANY_NAMES
+                                                 : DP_BAD_REQUEST,
+                    "L1: %s", l1_strerror(w));
             rc = -1;
             break;
         }
@@ -737,7 +744,7 @@ static struct prefetch_ticket *prefetch_ticket_new(struct op_ctx *o, const struc
     for (uint32_t ch = first; ch < nch; ch++)
         for (uint32_t r = 0; r < ws; r++) {
             if (make_key2(o, cr, cr->start_chunk + ch, model, ws, r, &tk->l1keys[tk->n],
-                          &tk->keys[tk->n]) < 0) {
+                          &tk->keys[tk->n], true) < 0) {
                 ticket_free(tk);
                 return NULL;
             }

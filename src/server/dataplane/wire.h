@@ -17,6 +17,7 @@
 #define DP_OUT_OF_MEMORY     "out_of_memory"
 #define DP_SHM_ERROR         "shm_error"
 #define DP_INTERNAL          "internal"
+#define DP_TOO_MANY_NAMES    "too_many_names"
 
 /* A decoded payload map. */
 struct dp_map {

@@ -14,7 +14,21 @@
  * stripe lock, looks the key up again and frees it if it is still resident and unlocked. A
  * locked candidate is moved to the MRU end (it is in use), so repeated passes make progress and
  * a pass over n entries examines each at most once. All counts of victims examined are bounded
- * by the caller (alloc_evict_max, or the list length at the start of a tick). */
+ * by the caller (alloc_evict_max, or the list length at the start of a tick).
+ *
+ * Doomed entries. A forced clear or delete must not free memory a lease holder may still copy
+ * (the bytes would then show up in another object, or another object's bytes in a reply). It
+ * moves such an entry to state DOOMED instead: the entry stays in its hash chain, so releases
+ * and the finishing writer find it by key, but every call that would start a new use (reads,
+ * writes, touch, delete, eviction) treats it as absent, and a new writer of the key gets BUSY
+ * until it is gone. It leaves its LRU/staging list for the doomed list; the last release, the
+ * writer's finish or abort, or the evictor once its lease ran out frees it. Its bytes count
+ * for its salt until then, since they are still in use.
+ *
+ * Name ids. An entry pins its model and salt ids (per-id object counts under the LRU lock); a
+ * name with no object left is dropped only when its table is full and a new name needs the
+ * room. Ids are dropped under the LRU lock, which is also what a store holds while it checks
+ * that its key's generations are still current and counts its object in. */
 #include "base/errbuf.h"
 #include "server/l1/l1.h"
 
@@ -43,8 +57,13 @@
 #define CHECK_L1(l)    ((void)0)
 #endif
 
-enum { ST_STAGING = 1, ST_RESIDENT = 2 };
-enum { F_TEMP = 1 };
+enum { ST_STAGING = 1, ST_RESIDENT = 2, ST_DOOMED = 3 };
+enum {
+    F_TEMP = 1,   /* freed at its last read release (prefetched data) */
+    F_WRITER = 2, /* DOOMED while STAGING: its writer still holds the write lease */
+    F_LCOUNT = 4  /* its bytes are in its salt's locked_bytes (IsolatedLRU) */
+};
+#define NO_NAME 0xffffu /* the id of a name l1_key_lookup did not find: above every real id */
 
 struct l1_entry {
     uint32_t magic;
@@ -71,7 +90,8 @@ struct l1_salt {
     /* LRU lock */
     struct l1_list list; /* IsolatedLRU only */
     uint64_t bytes;
-    uint64_t objects;
+    uint64_t objects;      /* resident + staging + doomed: pins the salt's name id */
+    uint64_t locked_bytes; /* IsolatedLRU: bytes of objects with F_LCOUNT */
     /* atomics */
     _Atomic uint64_t limit; /* cached from the quota table */
     _Atomic uint64_t read_chunks, write_chunks, evicted_chunks;
@@ -98,10 +118,12 @@ struct l1 {
 
     pthread_mutex_t lru_mu;
     /* LRU lock */
-    struct l1_list lru;     /* LRU / noop */
-    struct l1_list staging; /* STAGING entries, oldest first */
-    struct l1_salt *salts;  /* [max_salts] */
-    uint64_t n_resident, n_staging, staging_bytes, n_temp;
+    struct l1_list lru;      /* LRU / noop */
+    struct l1_list staging;  /* STAGING entries, oldest first */
+    struct l1_list doomed;   /* DOOMED entries, oldest first */
+    struct l1_salt *salts;   /* [max_salts] */
+    uint64_t *model_objects; /* [max_models]: objects per model id, pins the id */
+    uint64_t n_resident, n_staging, staging_bytes, n_temp, n_doomed;
 
     _Atomic uint64_t read_chunks, write_chunks, evicted_chunks, alloc_failures;
     _Atomic uint64_t reclaimed, ticks, triggered;
@@ -233,8 +255,18 @@ static inline uint64_t rounded(const struct l1 *l1, uint64_t size) {
 /* ---- entry life cycle (caller holds the entry's stripe lock) ------------------------------ */
 
 static inline bool is_locked(const struct l1_entry *e, uint64_t now) {
-    if (e->state == ST_STAGING) return e->deadline > now;
+    if (e->state == ST_STAGING || (e->state == ST_DOOMED && (e->flags & F_WRITER)))
+        return e->deadline > now;
     return e->readers > 0 && e->deadline > now;
+}
+
+static bool do_count_lock(struct l1 *l1, struct l1_entry *e);
+
+/* Caller holds the LRU lock. Takes the entry's bytes out of its salt's locked bytes. */
+static void do_uncount_lock(struct l1 *l1, struct l1_entry *e) {
+    if (!(e->flags & F_LCOUNT)) return;
+    l1->salts[e->key.salt_id].locked_bytes -= rounded(l1, e->size);
+    e->flags &= (uint8_t)~F_LCOUNT;
 }
 
 /* Unhashes, unlists and frees an entry and its memory. */
@@ -248,6 +280,9 @@ static void do_remove(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint6
         do_list_unlink(&l1->staging, e);
         l1->n_staging--;
         l1->staging_bytes -= bytes;
+    } else if (e->state == ST_DOOMED) {
+        do_list_unlink(&l1->doomed, e);
+        l1->n_doomed--;
     } else {
         do_list_unlink(resident_list(l1, e), e);
         l1->n_resident--;
@@ -255,12 +290,44 @@ static void do_remove(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint6
     }
     salt->bytes -= bytes;
     salt->objects--;
+    l1->model_objects[e->key.model_id]--;
+    do_uncount_lock(l1, e);
     pthread_mutex_unlock(&l1->lru_mu);
     if (arena_free(l1->arena, (uint64_t)e->off_units << l1->unit_shift, e->size) != 0 && l1->log)
         log_error(l1->log, "arena refused to free an L1 object at unit %u (%u bytes)", e->off_units,
                   e->size);
     e->magic = 0;
     free(e);
+}
+
+/* Takes a locked entry out of view without freeing its memory (see "Doomed entries"). */
+static void do_doom(struct l1 *l1, struct l1_entry *e) {
+    CHECK_ENTRY(e);
+    uint64_t bytes = rounded(l1, e->size);
+    pthread_mutex_lock(&l1->lru_mu);
+    if (e->state == ST_STAGING) {
+        do_list_unlink(&l1->staging, e);
+        l1->n_staging--;
+        l1->staging_bytes -= bytes;
+        e->flags |= F_WRITER;
+    } else {
+        do_list_unlink(resident_list(l1, e), e);
+        l1->n_resident--;
+        if (e->flags & F_TEMP) l1->n_temp--;
+    }
+    do_list_push(&l1->doomed, e);
+    l1->n_doomed++;
+    pthread_mutex_unlock(&l1->lru_mu);
+    e->state = ST_DOOMED;
+}
+
+/* Removes an entry for a forced clear or delete: frees it, or dooms it while it is locked. */
+static void do_remove_forced(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h,
+                             uint64_t now) {
+    if (!is_locked(e, now))
+        do_remove(l1, s, e, h);
+    else if (e->state != ST_DOOMED)
+        do_doom(l1, e);
 }
 
 /* Moves a resident entry to the MRU end unless it moved within touch_interval. */
@@ -298,10 +365,12 @@ static uint32_t new_token(struct l1 *l1) {
  * -2 means the staging list (reclaiming expired write leases). */
 #define LIST_GLOBAL  (-1)
 #define LIST_STAGING (-2)
+#define LIST_DOOMED  (-3)
 
 static struct l1_list *list_by_id(struct l1 *l1, int id) {
     if (id == LIST_GLOBAL) return &l1->lru;
     if (id == LIST_STAGING) return &l1->staging;
+    if (id == LIST_DOOMED) return &l1->doomed;
     return &l1->salts[id].list;
 }
 
@@ -461,7 +530,8 @@ int l1_create(const struct l1_config *cfg, struct l1 **out, char *err, size_t er
     l1->models = keys_intern_create(c->max_models);
     l1->salts_names = keys_intern_create(c->max_salts);
     l1->salts = calloc(c->max_salts, sizeof(struct l1_salt));
-    if (!l1->stripes || !l1->models || !l1->salts_names || !l1->salts ||
+    l1->model_objects = calloc(c->max_models, sizeof(*l1->model_objects));
+    if (!l1->stripes || !l1->models || !l1->salts_names || !l1->salts || !l1->model_objects ||
         pthread_mutex_init(&l1->lru_mu, NULL) != 0) {
         set_err(err, errlen, "out of memory for the L1 table");
         goto fail;
@@ -495,6 +565,7 @@ fail:
     keys_intern_destroy(l1->models);
     keys_intern_destroy(l1->salts_names);
     free(l1->salts);
+    free(l1->model_objects);
     arena_destroy(l1->arena);
     free(l1);
     return -1;
@@ -520,17 +591,47 @@ void l1_destroy(struct l1 *l1) {
     keys_intern_destroy(l1->models);
     keys_intern_destroy(l1->salts_names);
     free(l1->salts);
+    free(l1->model_objects);
     arena_destroy(l1->arena);
     l1->magic = 0;
     free(l1);
 }
 
-int l1_key_make(struct l1 *l1, const struct keys_object_key *k, struct l1_key *out) {
-    CHECK_L1(l1);
-    uint32_t mid, sid;
-    if (keys_intern(l1->models, k->model_name, strlen(k->model_name), &mid) != 0 ||
-        keys_intern(l1->salts_names, k->cache_salt, strlen(k->cache_salt), &sid) != 0)
-        return L1_ERR_TOO_MANY_NAMES;
+/* Drops every name of one table that no object uses; returns how many. The LRU lock excludes
+ * a store counting in its object meanwhile (it checks its key's generations under it). */
+static uint32_t reclaim_names(struct l1 *l1, bool salts) {
+    struct keys_intern *t = salts ? l1->salts_names : l1->models;
+    uint32_t n = keys_intern_count(t), dropped = 0;
+    pthread_mutex_lock(&l1->lru_mu);
+    for (uint32_t i = 0; i < n; i++) {
+        if ((salts ? l1->salts[i].objects : l1->model_objects[i]) != 0 || !keys_intern_str(t, i))
+            continue;
+        if (keys_intern_remove(t, i) != 0) continue;
+        dropped++;
+        if (!salts) continue;
+        struct l1_salt *sa = &l1->salts[i];
+        sa->bytes = sa->locked_bytes = 0;
+        atomic_store_explicit(&sa->limit, 0, memory_order_relaxed);
+        atomic_store_explicit(&sa->read_chunks, 0, memory_order_relaxed);
+        atomic_store_explicit(&sa->write_chunks, 0, memory_order_relaxed);
+        atomic_store_explicit(&sa->evicted_chunks, 0, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&l1->lru_mu);
+    if (l1->log && dropped)
+        log_info(l1->log, "%u unused %s dropped from a full name table", dropped,
+                 salts ? "cache salts" : "model names");
+    return dropped;
+}
+
+static int intern_name(struct l1 *l1, bool salts, const char *s, uint32_t *id, uint32_t *gen) {
+    struct keys_intern *t = salts ? l1->salts_names : l1->models;
+    if (keys_intern(t, s, strlen(s), id, gen) == 0) return 0;
+    if (reclaim_names(l1, salts) == 0) return -1;
+    return keys_intern(t, s, strlen(s), id, gen);
+}
+
+static void key_fill(const struct keys_object_key *k, uint32_t mid, uint32_t mgen, uint32_t sid,
+                     uint32_t sgen, struct l1_key *out) {
     memset(out, 0, sizeof(*out));
     memcpy(out->hash, k->hash, k->hash_len);
     out->hash_len = k->hash_len;
@@ -538,6 +639,29 @@ int l1_key_make(struct l1 *l1, const struct keys_object_key *k, struct l1_key *o
     out->object_group_id = k->object_group_id;
     out->model_id = (uint16_t)mid;
     out->salt_id = (uint16_t)sid;
+    out->model_gen = (uint8_t)mgen;
+    out->salt_gen = (uint16_t)sgen;
+}
+
+int l1_key_make(struct l1 *l1, const struct keys_object_key *k, struct l1_key *out) {
+    CHECK_L1(l1);
+    uint32_t mid, sid, mgen, sgen;
+    if (intern_name(l1, false, k->model_name, &mid, &mgen) != 0 ||
+        intern_name(l1, true, k->cache_salt, &sid, &sgen) != 0)
+        return L1_ERR_TOO_MANY_NAMES;
+    key_fill(k, mid, mgen, sid, sgen, out);
+    return L1_OK;
+}
+
+int l1_key_lookup(struct l1 *l1, const struct keys_object_key *k, struct l1_key *out) {
+    CHECK_L1(l1);
+    uint32_t mid, sid, mgen, sgen;
+    if (keys_intern_find(l1->models, k->model_name, strlen(k->model_name), &mid, &mgen) != 0 ||
+        keys_intern_find(l1->salts_names, k->cache_salt, strlen(k->cache_salt), &sid, &sgen) != 0) {
+        mid = sid = NO_NAME;
+        mgen = sgen = 0;
+    }
+    key_fill(k, mid, mgen, sid, sgen, out);
     return L1_OK;
 }
 
@@ -547,7 +671,16 @@ const char *l1_salt_name(struct l1 *l1, uint16_t id) {
 }
 
 static bool key_ok(struct l1 *l1, const struct l1_key *k) {
-    return k->salt_id < keys_intern_count(l1->salts_names);
+    return k->salt_id < keys_intern_count(l1->salts_names) &&
+           k->model_id < keys_intern_count(l1->models);
+}
+
+/* Caller holds the LRU lock. Whether the key's names are still the ones it was made with. */
+static bool do_names_current(struct l1 *l1, const struct l1_key *k) {
+    return keys_intern_str(l1->salts_names, k->salt_id) &&
+           (uint16_t)keys_intern_gen(l1->salts_names, k->salt_id) == k->salt_gen &&
+           keys_intern_str(l1->models, k->model_id) &&
+           (uint8_t)keys_intern_gen(l1->models, k->model_id) == k->model_gen;
 }
 
 int l1_reserve_write(struct l1 *l1, const struct l1_key *key, uint64_t size, bool temporary,
@@ -560,6 +693,14 @@ int l1_reserve_write(struct l1 *l1, const struct l1_key *key, uint64_t size, boo
     struct stripe *s = stripe_of(l1, h);
     pthread_mutex_lock(&s->mu);
     struct l1_entry *e = do_find(l1, s, key, h);
+    if (e && e->state == ST_DOOMED) {
+        if (is_locked(e, now)) {
+            pthread_mutex_unlock(&s->mu);
+            return L1_ERR_BUSY;
+        }
+        do_remove(l1, s, e, h); /* a doomed entry whose lease ran out */
+        e = NULL;
+    }
     if (e) {
         if (e->state == ST_RESIDENT) {
             pthread_mutex_unlock(&s->mu);
@@ -616,9 +757,17 @@ int l1_reserve_write(struct l1 *l1, const struct l1_key *key, uint64_t size, boo
         free(ne);
         return rc;
     }
-    do_insert(l1, s, ne, h);
     uint64_t bytes = rounded(l1, size);
     pthread_mutex_lock(&l1->lru_mu);
+    if (!do_names_current(l1, key)) { /* a name was dropped since the key was made */
+        pthread_mutex_unlock(&l1->lru_mu);
+        pthread_mutex_unlock(&s->mu);
+        arena_free(l1->arena, off, size);
+        free(ne);
+        return L1_ERR_TOO_MANY_NAMES;
+    }
+    do_insert(l1, s, ne, h);
+    l1->model_objects[key->model_id]++;
     do_list_push(&l1->staging, ne);
     l1->n_staging++;
     l1->staging_bytes += bytes;
@@ -637,6 +786,10 @@ int l1_finish_write(struct l1 *l1, const struct l1_key *key, uint32_t token, uin
     struct stripe *s = stripe_of(l1, h);
     pthread_mutex_lock(&s->mu);
     struct l1_entry *e = do_find(l1, s, key, h);
+    if (e && e->state == ST_DOOMED && (e->flags & F_WRITER) && e->token == token) {
+        do_remove(l1, s, e, h); /* cleared while being written: its writer is done with it */
+        e = NULL;
+    }
     if (!e || e->state != ST_STAGING || e->token != token) {
         pthread_mutex_unlock(&s->mu);
         return L1_ERR_NOT_FOUND;
@@ -647,6 +800,11 @@ int l1_finish_write(struct l1 *l1, const struct l1_key *key, uint32_t token, uin
     }
     e->state = ST_RESIDENT;
     e->readers = (uint16_t)(read_locks > MAX_READERS ? MAX_READERS : read_locks);
+    int rc = L1_OK;
+    if (e->readers && !do_count_lock(l1, e)) {
+        e->readers = 0;
+        rc = L1_ERR_OVER_QUOTA;
+    }
     e->deadline = e->readers ? now + l1->cfg.read_ttl_ns : 0;
     e->touched = (uint32_t)(now >> 20);
     uint64_t bytes = rounded(l1, e->size);
@@ -661,7 +819,7 @@ int l1_finish_write(struct l1 *l1, const struct l1_key *key, uint32_t token, uin
     cnt_add(&l1->write_chunks, 1);
     cnt_add(&l1->salts[key->salt_id].write_chunks, 1);
     pthread_mutex_unlock(&s->mu);
-    return L1_OK;
+    return rc;
 }
 
 /* Locks the stripe of key and finds its entry (NULL when absent). The caller unlocks (*sp)->mu. */
@@ -681,7 +839,8 @@ int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token) {
     struct stripe *s;
     struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    if (e && e->state == ST_STAGING && e->token == token) {
+    if (e && e->token == token &&
+        (e->state == ST_STAGING || (e->state == ST_DOOMED && (e->flags & F_WRITER)))) {
         do_remove(l1, s, e, h);
         rc = L1_OK;
     }
@@ -689,14 +848,38 @@ int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token) {
     return rc;
 }
 
-/* Caller holds the stripe lock; e is RESIDENT. Refuses (returns false) rather than saturate
- * the count: a saturated count would let one holder's release wipe out another's locks. */
-static bool do_take_read(struct l1 *l1, struct l1_entry *e, uint32_t n, uint64_t now) {
+/* Caller holds the stripe lock. IsolatedLRU: counts e's bytes into its salt's locked bytes
+ * unless that would exceed the salt's quota (returns false). The limit is re-read from the
+ * quota table before refusing, so a quota set moments ago already counts. */
+static bool do_count_lock(struct l1 *l1, struct l1_entry *e) {
+    if (l1->cfg.policy != L1_POLICY_ISOLATED_LRU || (e->flags & F_LCOUNT)) return true;
+    uint64_t b = rounded(l1, e->size);
+    pthread_mutex_lock(&l1->lru_mu);
+    struct l1_salt *sa = &l1->salts[e->key.salt_id];
+    uint64_t lim = atomic_load_explicit(&sa->limit, memory_order_relaxed);
+    if (sa->locked_bytes + b > lim && l1->cfg.quota) {
+        const char *name = keys_intern_str(l1->salts_names, e->key.salt_id);
+        lim = 0;
+        if (name) quota_get(l1->cfg.quota, name, &lim);
+        atomic_store_explicit(&sa->limit, lim, memory_order_relaxed);
+    }
+    bool ok = sa->locked_bytes + b <= lim;
+    if (ok) sa->locked_bytes += b;
+    pthread_mutex_unlock(&l1->lru_mu);
+    if (ok) e->flags |= F_LCOUNT;
+    return ok;
+}
+
+/* Caller holds the stripe lock; e is RESIDENT. Refuses rather than saturate the count (a
+ * saturated count would let one holder's release wipe out another's locks): L1_ERR_BUSY, or
+ * L1_ERR_OVER_QUOTA from do_count_lock. */
+static int do_take_read(struct l1 *l1, struct l1_entry *e, uint32_t n, uint64_t now) {
     uint32_t r = e->deadline > now ? e->readers : 0;
-    if (n > MAX_READERS - r) return false;
+    if (n > MAX_READERS - r) return L1_ERR_BUSY;
+    if (n && !do_count_lock(l1, e)) return L1_ERR_OVER_QUOTA;
     e->readers = (uint16_t)(r + n);
     e->deadline = now + l1->cfg.read_ttl_ns;
-    return true;
+    return L1_OK;
 }
 
 /* Read counters are bumped once per call, not per key: shared atomics are the one thing two
@@ -714,12 +897,8 @@ static int reserve_read_one(struct l1 *l1, const struct l1_key *key, uint32_t n,
     struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
     if (e && e->state == ST_RESIDENT) {
-        if (do_take_read(l1, e, n, now)) {
-            fill_ref(l1, e, out);
-            rc = L1_OK;
-        } else {
-            rc = L1_ERR_BUSY;
-        }
+        rc = do_take_read(l1, e, n, now);
+        if (rc == L1_OK) fill_ref(l1, e, out);
     }
     pthread_mutex_unlock(&s->mu);
     return rc;
@@ -745,12 +924,13 @@ int l1_read_locked(struct l1 *l1, const struct l1_key *key, uint64_t now, struct
     struct stripe *s;
     struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    if (e && e->state == ST_RESIDENT) {
+    /* A doomed entry is still readable by the holders of its read locks. */
+    if (e && (e->state == ST_RESIDENT || (e->state == ST_DOOMED && !(e->flags & F_WRITER)))) {
         if (e->readers > 0 && e->deadline > now) {
             fill_ref(l1, e, out);
             rc = L1_OK;
         } else {
-            rc = L1_ERR_NOT_READABLE;
+            rc = e->state == ST_DOOMED ? L1_ERR_NOT_FOUND : L1_ERR_NOT_READABLE;
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -762,14 +942,25 @@ int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t
     struct stripe *s;
     struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    if (e && e->state == ST_RESIDENT) {
+    if (e && e->state == ST_DOOMED && !(e->flags & F_WRITER)) {
         rc = L1_OK;
         uint32_t r = e->deadline > now ? e->readers : 0;
         e->readers = (uint16_t)(r > n ? r - n : 0);
-        if (e->readers == 0 && (e->flags & F_TEMP))
+        if (e->readers == 0) do_remove(l1, s, e, h); /* the last user of a cleared object */
+    } else if (e && e->state == ST_RESIDENT) {
+        rc = L1_OK;
+        uint32_t r = e->deadline > now ? e->readers : 0;
+        e->readers = (uint16_t)(r > n ? r - n : 0);
+        if (e->readers == 0 && (e->flags & F_TEMP)) {
             do_remove(l1, s, e, h);
-        else
+        } else {
+            if (e->readers == 0 && (e->flags & F_LCOUNT)) {
+                pthread_mutex_lock(&l1->lru_mu);
+                do_uncount_lock(l1, e);
+                pthread_mutex_unlock(&l1->lru_mu);
+            }
             do_touch(l1, e, now, false);
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return rc;
@@ -780,11 +971,11 @@ int l1_delete(struct l1 *l1, const struct l1_key *key, bool force, uint64_t now)
     struct stripe *s;
     struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
-    if (e) {
+    if (e && e->state != ST_DOOMED) {
         if (!force && is_locked(e, now)) {
             rc = L1_ERR_BUSY;
         } else {
-            do_remove(l1, s, e, h);
+            do_remove_forced(l1, s, e, h, now);
             rc = L1_OK;
         }
     }
@@ -815,8 +1006,10 @@ size_t l1_clear(struct l1 *l1, bool force, uint64_t now) {
             struct l1_entry *e = s->buckets[b], *n;
             for (; e; e = n) {
                 n = e->hnext;
-                if (force || !is_locked(e, now)) {
-                    do_remove(l1, s, e, key_hash(&e->key));
+                if (e->state == ST_DOOMED) {
+                    if (!is_locked(e, now)) do_remove(l1, s, e, key_hash(&e->key));
+                } else if (force || !is_locked(e, now)) {
+                    do_remove_forced(l1, s, e, key_hash(&e->key), now);
                     freed++;
                 }
             }
@@ -824,15 +1017,27 @@ size_t l1_clear(struct l1 *l1, bool force, uint64_t now) {
         pthread_mutex_unlock(&s->mu);
     }
     if (l1->log && freed)
-        log_info(l1->log, "L1 clear%s: %zu objects freed", force ? " (forced)" : "", freed);
+        log_info(l1->log, "L1 clear%s: %zu objects removed", force ? " (forced)" : "", freed);
     return freed;
+}
+
+/* Copies the name of a salt id into buf ("" and false for a free id). Names are dropped only
+ * under the LRU lock, so the string stays valid while it is held. */
+static bool salt_name_copy(struct l1 *l1, uint32_t id, char buf[KEYS_SALT_MAX + 1]) {
+    pthread_mutex_lock(&l1->lru_mu);
+    const char *s = keys_intern_str(l1->salts_names, id);
+    snprintf(buf, KEYS_SALT_MAX + 1, "%s", s ? s : "");
+    pthread_mutex_unlock(&l1->lru_mu);
+    return s != NULL;
 }
 
 static void refresh_limits(struct l1 *l1) {
     uint32_t n = keys_intern_count(l1->salts_names);
     for (uint32_t i = 0; i < n; i++) {
         uint64_t lim = 0;
-        if (l1->cfg.quota) quota_get(l1->cfg.quota, keys_intern_str(l1->salts_names, i), &lim);
+        char name[KEYS_SALT_MAX + 1];
+        if (!salt_name_copy(l1, i, name)) continue;
+        if (l1->cfg.quota) quota_get(l1->cfg.quota, name, &lim);
         atomic_store_explicit(&l1->salts[i].limit, lim, memory_order_relaxed);
     }
 }
@@ -849,6 +1054,40 @@ static uint64_t list_len(struct l1 *l1, int id) {
     return n;
 }
 
+/* Frees doomed entries whose lease ran out (their holders are presumed gone, as for any lapsed
+ * lease); the ones still in use move to the end of the list. Returns how many were freed. */
+static uint64_t reclaim_doomed(struct l1 *l1, uint64_t now) {
+    uint64_t budget = list_len(l1, LIST_DOOMED), examined = 0, freed = 0;
+    while (examined < budget) {
+        struct l1_key keys[EVICT_BATCH];
+        int n = 0;
+        pthread_mutex_lock(&l1->lru_mu);
+        for (struct l1_entry *e = l1->doomed.head; e && n < EVICT_BATCH; e = e->next)
+            keys[n++] = e->key;
+        pthread_mutex_unlock(&l1->lru_mu);
+        if (n == 0) break;
+        for (int i = 0; i < n && examined < budget; i++, examined++) {
+            uint64_t h = key_hash(&keys[i]);
+            struct stripe *s = stripe_of(l1, h);
+            pthread_mutex_lock(&s->mu);
+            struct l1_entry *e = do_find(l1, s, &keys[i], h);
+            if (e && e->state == ST_DOOMED) {
+                if (!is_locked(e, now)) {
+                    do_remove(l1, s, e, h);
+                    freed++;
+                } else {
+                    pthread_mutex_lock(&l1->lru_mu);
+                    do_list_unlink(&l1->doomed, e);
+                    do_list_push(&l1->doomed, e);
+                    pthread_mutex_unlock(&l1->lru_mu);
+                }
+            }
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    return freed;
+}
+
 int l1_evict_tick(struct l1 *l1, uint64_t now, struct l1_tick_report *out) {
     CHECK_L1(l1);
     struct l1_tick_report rep = {0};
@@ -856,6 +1095,7 @@ int l1_evict_tick(struct l1 *l1, uint64_t now, struct l1_tick_report *out) {
     uint64_t total = arena_total_bytes(l1->arena);
     rep.usage_before = (double)arena_used_bytes(l1->arena) / (double)total;
     rep.reclaimed_staging = reclaim_staging(l1, now, list_len(l1, LIST_STAGING) + EVICT_BATCH);
+    rep.reclaimed_staging += reclaim_doomed(l1, now);
 
     if (l1->cfg.policy == L1_POLICY_ISOLATED_LRU) {
         refresh_limits(l1);
@@ -916,7 +1156,7 @@ void l1_get_stats(struct l1 *l1, uint64_t now, struct l1_stats *st) {
         pthread_mutex_lock(&s->mu);
         for (uint32_t b = 0; b < s->nbuckets; b++)
             for (struct l1_entry *e = s->buckets[b]; e; e = e->hnext) {
-                if (!is_locked(e, now)) continue;
+                if (e->state == ST_DOOMED || !is_locked(e, now)) continue;
                 if (e->state == ST_STAGING)
                     st->write_locked_objects++;
                 else
@@ -930,6 +1170,7 @@ void l1_get_stats(struct l1 *l1, uint64_t now, struct l1_stats *st) {
     st->staging_objects = l1->n_staging;
     st->staging_bytes = l1->staging_bytes;
     st->temporary_objects = l1->n_temp;
+    st->doomed_objects = l1->n_doomed;
     pthread_mutex_unlock(&l1->lru_mu);
     struct arena_stats as;
     arena_get_stats(l1->arena, &as);
@@ -954,21 +1195,27 @@ void l1_salt_foreach(struct l1 *l1,
     for (uint32_t i = 0; i < n; i++) {
         struct l1_salt *sa = &l1->salts[i];
         struct l1_salt_stats st;
+        char name[KEYS_SALT_MAX + 1];
         pthread_mutex_lock(&l1->lru_mu);
+        const char *s = keys_intern_str(l1->salts_names, i);
+        if (s) snprintf(name, sizeof(name), "%s", s);
+        st.id = i;
+        st.gen = keys_intern_gen(l1->salts_names, i);
         st.bytes = sa->bytes;
         st.objects = sa->objects;
         pthread_mutex_unlock(&l1->lru_mu);
+        if (!s) continue;
         st.read_chunks = cnt_get(&sa->read_chunks);
         st.write_chunks = cnt_get(&sa->write_chunks);
         st.evicted_chunks = cnt_get(&sa->evicted_chunks);
-        fn(keys_intern_str(l1->salts_names, i), &st, arg);
+        fn(name, &st, arg);
     }
 }
 
 uint64_t l1_salt_usage_bytes(struct l1 *l1, const char *salt) {
     CHECK_L1(l1);
     uint32_t id;
-    if (keys_intern_find(l1->salts_names, salt, strlen(salt), &id) != 0) return 0;
+    if (keys_intern_find(l1->salts_names, salt, strlen(salt), &id, NULL) != 0) return 0;
     pthread_mutex_lock(&l1->lru_mu);
     uint64_t b = l1->salts[id].bytes;
     pthread_mutex_unlock(&l1->lru_mu);
@@ -994,7 +1241,9 @@ const char *l1_strerror(int rc) {
     case L1_ERR_INVAL:
         return "invalid object size";
     case L1_ERR_TOO_MANY_NAMES:
-        return "too many distinct model names or cache salts";
+        return "too many distinct model names or cache salts in use";
+    case L1_ERR_OVER_QUOTA:
+        return "read locks would exceed the cache salt's quota";
     default:
         return "unknown error";
     }

@@ -5,6 +5,19 @@
  * cache_salt). An entry is STAGING while its writer copies bytes in (it holds the write lease;
  * readers cannot see it) and RESIDENT afterwards (readable; may hold read leases).
  *
+ * Forced removal. A forced clear or delete never frees memory a lease holder may still be
+ * copying: a locked entry is taken out of view instead (new readers miss it, a new writer of the
+ * same key gets L1_ERR_BUSY) and "doomed"; its memory is freed when its last read lock is
+ * released, when its writer finishes or aborts, or when its lease runs out (l1_evict_tick).
+ * So one key names at most one entry at any time, and a release by key always reaches the entry
+ * its holder locked, unless that holder outlived its lease.
+ *
+ * Names. Model names and salts are interned into small ids with a generation (struct l1_key).
+ * Only stores intern (l1_key_make); reads build keys with l1_key_lookup, which never adds a
+ * name. A name no object uses any more is dropped when the table needs room for a new one; its
+ * id may then name another string, but with a new generation, so a key kept from before never
+ * matches the new string's objects.
+ *
  * Time. Every call that depends on time takes now_ns (monotonic nanoseconds, e.g.
  * clock_mono_ns()); leases and lazy LRU updates are computed from it, so tests need no sleeps.
  *
@@ -32,14 +45,17 @@
 
 enum {
     L1_OK = 0,
-    L1_EXISTS = 1,             /* reserve_write: already resident, nothing to copy */
-    L1_ERR_NOT_FOUND = -1,     /* no such entry (or not in the state the call needs) */
-    L1_ERR_BUSY = -2,          /* locked: another live writer, or read/write leases held */
-    L1_ERR_NOMEM = -3,         /* nothing evictable is left to make room */
-    L1_ERR_EXPIRED = -4,       /* finish_write after the write lease expired */
-    L1_ERR_NOT_READABLE = -5,  /* resident, but holds no live read lock */
-    L1_ERR_INVAL = -6,         /* size 0 or larger than an object may be */
-    L1_ERR_TOO_MANY_NAMES = -7 /* more distinct model names or salts than configured */
+    L1_EXISTS = 1,              /* reserve_write: already resident, nothing to copy */
+    L1_ERR_NOT_FOUND = -1,      /* no such entry (or not in the state the call needs) */
+    L1_ERR_BUSY = -2,           /* locked: another live writer, or read/write leases held */
+    L1_ERR_NOMEM = -3,          /* nothing evictable is left to make room */
+    L1_ERR_EXPIRED = -4,        /* finish_write after the write lease expired */
+    L1_ERR_NOT_READABLE = -5,   /* resident, but holds no live read lock */
+    L1_ERR_INVAL = -6,          /* size 0 or larger than an object may be */
+    L1_ERR_TOO_MANY_NAMES = -7, /* every name id is used by objects (or the key's name was
+                                   dropped meanwhile) */
+    L1_ERR_OVER_QUOTA = -8      /* IsolatedLRU: the read lock would pin more than the salt's
+                                   quota */
 };
 
 enum l1_policy { L1_POLICY_LRU = 0, L1_POLICY_ISOLATED_LRU = 1, L1_POLICY_NOOP = 2 };
@@ -74,7 +90,8 @@ struct l1_key {
     uint16_t model_id;
     uint16_t salt_id;
     uint8_t hash_len;
-    uint8_t pad[3];
+    uint8_t model_gen; /* generations of the ids (low bits): a key made before its name was */
+    uint16_t salt_gen; /* dropped and the id reused never matches the new name's objects */
 };
 
 /* Where the caller copies to (after reserve_write) or from (after reserve_read). */
@@ -92,6 +109,7 @@ struct l1_stats {
     uint64_t read_locked_objects;  /* resident with a live read lease */
     uint64_t write_locked_objects; /* staging with a live write lease */
     uint64_t locked_objects;       /* read_locked + write_locked */
+    uint64_t doomed_objects;       /* removed by a forced clear/delete, still in use */
     uint64_t bytes_used;           /* arena bytes in use (resident + staging, unit-rounded) */
     uint64_t bytes_total;
     double usage_ratio;
@@ -107,6 +125,8 @@ struct l1_stats {
 };
 
 struct l1_salt_stats {
+    uint32_t id;      /* the salt's id; after the salt is dropped the id may name another salt, */
+    uint32_t gen;     /* with another gen and counters restarted at 0 */
     uint64_t bytes;   /* resident + staging bytes of this salt */
     uint64_t objects; /* resident + staging objects */
     uint64_t read_chunks, write_chunks, evicted_chunks;
@@ -128,10 +148,15 @@ int l1_create(const struct l1_config *cfg, struct l1 **out, char *err, size_t er
 /* Frees everything. No other call may be running or follow. */
 void l1_destroy(struct l1 *l1);
 
-/* Builds the compact key of a validated ObjectKey, interning its model name and salt. Returns
- * L1_OK or L1_ERR_TOO_MANY_NAMES. */
+/* Builds the compact key of a validated ObjectKey for a store, interning its model name and
+ * salt; when a table is full, names no object uses are dropped first. Returns L1_OK or
+ * L1_ERR_TOO_MANY_NAMES (every id is used by objects). */
 int l1_key_make(struct l1 *l1, const struct keys_object_key *k, struct l1_key *out);
-/* The interned names behind a key's ids (NULL for unknown ids). */
+/* Builds the key for a read, interning nothing: when the model name or salt is unknown, *out is
+ * a key no object has (reads miss, releases do nothing). Always L1_OK. */
+int l1_key_lookup(struct l1 *l1, const struct keys_object_key *k, struct l1_key *out);
+/* The interned names behind a key's ids (NULL for unknown ids). The string is valid while an
+ * object of that name exists. */
 const char *l1_model_name(struct l1 *l1, uint16_t model_id);
 const char *l1_salt_name(struct l1 *l1, uint16_t salt_id);
 
@@ -141,12 +166,16 @@ const char *l1_salt_name(struct l1 *l1, uint16_t salt_id);
  *   L1_EXISTS -> the key is resident already: skip the copy, the store succeeded.
  *   L1_ERR_BUSY -> another writer holds a live lease on this key.
  *   L1_ERR_NOMEM -> the allocation did not fit even after evicting (evict-on-allocate).
+ *   L1_ERR_BUSY also while a forced clear's doomed entry of this key is still in use.
+ *   L1_ERR_TOO_MANY_NAMES -> the key's name was dropped after l1_key_make (the name table was
+ *   full and the name unused): make the key again.
  *   A STAGING entry whose lease expired is handed to the new writer.
  *   temporary: the object is freed when its last read lock is released (prefetched data).
  * l1_finish_write: STAGING -> RESIDENT (MRU), taking read_locks read locks atomically (0 for a
- *   plain store). L1_ERR_NOT_FOUND when the token no longer names a staging entry (it was
- *   reclaimed or cleared), L1_ERR_EXPIRED when the lease ran out (the entry stays for the
- *   evictor to reclaim).
+ *   plain store). Under IsolatedLRU, when the locks would exceed the salt's quota (see
+ *   l1_reserve_read), the object is stored without them and L1_ERR_OVER_QUOTA is returned.
+ * L1_ERR_NOT_FOUND when the token no longer names a staging entry (it was reclaimed or cleared),
+ * L1_ERR_EXPIRED when the lease ran out (the entry stays for the evictor to reclaim).
  * l1_abort_write: drops the staging entry. L1_OK or L1_ERR_NOT_FOUND. */
 int l1_reserve_write(struct l1 *l1, const struct l1_key *key, uint64_t size, bool temporary,
                      uint64_t now_ns, struct l1_ref *out);
@@ -157,7 +186,9 @@ int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token);
 /* ---- read -------------------------------------------------------------------------------------
  * l1_reserve_read: takes n read locks on a RESIDENT key and renews its read lease (one deadline
  *   for all holders); *out (may be NULL) tells where the bytes are. L1_ERR_NOT_FOUND for absent
- *   or staging keys.
+ *   or staging keys. Under IsolatedLRU the bytes of a salt's read-locked objects may not exceed
+ *   its quota (0 without one): locking one more object past it gives L1_ERR_OVER_QUOTA, so a
+ *   tenant cannot pin memory its eviction must be able to reclaim.
  * l1_reserve_read_prefix: reserve_read on keys[0..count) until the first miss; returns the
  *   number of leading hits, each holding n locks (a lookup of one prompt; the hits are counted
  *   as reads of keys[0]'s salt).
@@ -174,11 +205,12 @@ int l1_read_locked(struct l1 *l1, const struct l1_key *key, uint64_t now_ns, str
 int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t now_ns);
 
 /* ---- maintenance ------------------------------------------------------------------------------
- * l1_delete: frees a key. Without force, a key with live leases gives L1_ERR_BUSY; force frees
- *   it anyway (its lease holders may then copy garbage).
+ * l1_delete: frees a key. Without force, a key with live leases gives L1_ERR_BUSY; force removes
+ *   it anyway (a locked entry is doomed: gone for new callers, freed when its holders finish).
  * l1_touch: marks a resident key as used (LRU MRU, lazily). L1_OK or L1_ERR_NOT_FOUND.
- * l1_clear: force -> frees every object, locked or staging (POST /cache/clear); otherwise only
- *   unlocked residents and expired staging entries. Returns the number of objects freed. */
+ * l1_clear: force -> removes every object, locked or staging (POST /cache/clear): unlocked
+ *   ones are freed, locked ones doomed; otherwise only unlocked residents and expired staging
+ *   entries. Returns the number of objects removed. */
 int l1_delete(struct l1 *l1, const struct l1_key *key, bool force, uint64_t now_ns);
 int l1_touch(struct l1 *l1, const struct l1_key *key, uint64_t now_ns);
 size_t l1_clear(struct l1 *l1, bool force, uint64_t now_ns);
@@ -186,8 +218,9 @@ size_t l1_clear(struct l1 *l1, bool force, uint64_t now_ns);
 /* One pass of the background evictor (the daemon's `l1-evictor` periodic thread calls it every
  * 100 ms - 1 s): reclaims expired write leases; under IsolatedLRU refreshes the salt limits
  * from the quota table and evicts each salt down to its limit (unregistered: 0); when usage is
- * at or above the watermark, evicts LRU-first down to total*watermark*(1-ratio). Never evicts
- * a locked entry. Fills *out (may be NULL) and returns 0. */
+ * at or above the watermark, evicts LRU-first down to total*watermark*(1-ratio); frees doomed
+ * entries whose lease ran out. Never evicts a locked entry. Fills *out (may be NULL) and returns 0.
+ */
 int l1_evict_tick(struct l1 *l1, uint64_t now_ns, struct l1_tick_report *out);
 
 /* Re-reads the salt limits from the quota table now (call after PUT/DELETE /quota) instead of
@@ -198,7 +231,7 @@ void l1_quota_changed(struct l1 *l1);
  * l1_get_stats: counters are read without locks; the locked counts need a walk over every
  *   stripe (each locked briefly), O(objects). */
 void l1_get_stats(struct l1 *l1, uint64_t now_ns, struct l1_stats *st);
-/* Calls fn for every salt ever seen, in id order, with its usage and counters. Takes the LRU
+/* Calls fn for every interned salt, in id order, with its usage and counters. Takes the LRU
  * lock per salt, not across fn. */
 void l1_salt_foreach(struct l1 *l1,
                      void (*fn)(const char *salt, const struct l1_salt_stats *st, void *arg),
