@@ -14,11 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "base/log.h"
 #include "server/dataplane/context.h"
+#include "server/dataplane/curve.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
 
@@ -26,11 +29,13 @@
 
 struct dp_req {
     zmq_msg_t id, rid, op, payload;
+    void *sock; /* the socket it came from (tcp or ipc); the reply goes back there */
     struct dp_req *next;
 };
 
 struct dp_out {
     zmq_msg_t id, rid, op;
+    void *sock;
     char *body;
     size_t len;
     struct dp_out *next;
@@ -48,6 +53,8 @@ struct worker {
 struct dataplane {
     struct engine *e;
     void *zctx, *sock;
+    void *isock;        /* the --ipc-path socket, or NULL */
+    struct dp_zap *zap; /* the CURVE allow-list handler, or NULL */
     int efd;
     size_t max_msg;
     pthread_t loop;
@@ -89,6 +96,7 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     zmq_msg_move(&o->id, &req->id);
     zmq_msg_move(&o->rid, &req->rid);
     zmq_msg_move(&o->op, &req->op);
+    o->sock = req->sock;
     zmq_msg_close(&req->id);
     zmq_msg_close(&req->rid);
     zmq_msg_close(&req->op);
@@ -108,9 +116,61 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     (void)w;
 }
 
+/* The peer of a request, from the properties libzmq attaches to its frames. */
+static void peer_of(struct dataplane *dp, struct dp_req *req, struct dp_peer *p) {
+    memset(p, 0, sizeof(*p));
+    int ipc = req->sock == dp->isock;
+    const char *addr = zmq_msg_gets(&req->rid, "Peer-Address");
+    const char *user = zmq_msg_gets(&req->rid, "User-Id");
+    if (ipc && addr) {
+        /* libzmq appends ":uid:gid:pid" of SO_PEERCRED to a Unix socket's peer address. */
+        const char *c3 = strrchr(addr, ':'), *c2 = NULL, *c1 = NULL;
+        if (c3)
+            for (c2 = c3 - 1; c2 >= addr && *c2 != ':'; c2--)
+                ;
+        if (c2 && c2 >= addr)
+            for (c1 = c2 - 1; c1 >= addr && *c1 != ':'; c1--)
+                ;
+        unsigned long uid, gid;
+        long pid;
+        char *end;
+        if (c1 && c1 >= addr) {
+            uid = strtoul(c1 + 1, &end, 10);
+            if (end == c2 && c1[1] != ':') {
+                gid = strtoul(c2 + 1, &end, 10);
+                if (end == c3 && c2[1] != ':') {
+                    pid = strtol(c3 + 1, &end, 10);
+                    if (!*end && c3[1] && uid <= UINT32_MAX && gid <= UINT32_MAX) {
+                        p->has_cred = 1;
+                        p->uid = (uint32_t)uid;
+                        p->gid = (uint32_t)gid;
+                        p->pid = (int32_t)pid;
+                    }
+                }
+            }
+        }
+    }
+    EVP_MD_CTX *h = EVP_MD_CTX_new();
+    uint32_t n = (uint32_t)zmq_msg_size(&req->id);
+    unsigned char kind = ipc ? 'u' : 't';
+    int ok = h && EVP_DigestInit_ex(h, EVP_sha256(), NULL) && EVP_DigestUpdate(h, &kind, 1) &&
+             EVP_DigestUpdate(h, &n, sizeof(n)) && EVP_DigestUpdate(h, zmq_msg_data(&req->id), n);
+    n = addr ? (uint32_t)strlen(addr) : 0;
+    ok = ok && EVP_DigestUpdate(h, &n, sizeof(n)) && (!n || EVP_DigestUpdate(h, addr, n));
+    n = user ? (uint32_t)strlen(user) : 0;
+    ok = ok && EVP_DigestUpdate(h, &n, sizeof(n)) && (!n || EVP_DigestUpdate(h, user, n));
+    unsigned int len = 0;
+    if (!ok || !EVP_DigestFinal_ex(h, p->key, &len) || len != sizeof(p->key)) {
+        /* Without a key the peer cannot be told apart: a random one isolates its sessions. */
+        (void)RAND_bytes(p->key, sizeof(p->key));
+    }
+    EVP_MD_CTX_free(h);
+}
+
 /* Runs a request and queues its reply. */
 static void run(struct dataplane *dp, struct dp_req *req) {
     struct dp_reply r;
+    struct dp_peer peer;
     dp_reply_init(&r);
     if (zmq_msg_size(&req->payload) > dp->max_msg) {
         struct dp_err err;
@@ -119,8 +179,9 @@ static void run(struct dataplane *dp, struct dp_req *req) {
         size_t n;
         dp_finish(&r, 0, &err, &n);
     } else {
-        dataplane_handle(dp->e, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
-                         zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
+        peer_of(dp, req, &peer);
+        dataplane_handle_peer(dp->e, &peer, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
+                              zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
     }
     size_t len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
@@ -188,14 +249,14 @@ static void reject(struct dataplane *dp, struct dp_req *req, const char *why) {
 }
 
 /* Receives one whole multipart message. */
-static void receive_one(struct dataplane *dp) {
+static void receive_one(struct dataplane *dp, void *sock) {
     struct dp_req *req = calloc(1, sizeof(*req));
     if (!req) { /* out of memory: drop the message rather than spin on it; the client times out */
         int more = 1;
         for (int i = 0; more && i < 64; i++) {
             zmq_msg_t m;
             zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, dp->sock, ZMQ_DONTWAIT) < 0)
+            if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0)
                 more = 0;
             else
                 more = zmq_msg_more(&m);
@@ -203,13 +264,14 @@ static void receive_one(struct dataplane *dp) {
         }
         return;
     }
+    req->sock = sock;
     zmq_msg_t *slots[4] = {&req->id, &req->rid, &req->op, &req->payload};
     for (int i = 0; i < 4; i++) zmq_msg_init(slots[i]);
     int nframes = 0, more = 1;
     while (more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, dp->sock, nframes ? 0 : ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&m, sock, nframes ? 0 : ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&m);
             if (nframes == 0) {
                 for (int i = 0; i < 4; i++) zmq_msg_close(slots[i]);
@@ -256,10 +318,10 @@ static void send_replies(struct dataplane *dp) {
             zmq_msg_init(&body);
         }
         /* A vanished peer makes the send fail; the reply is then dropped. */
-        if (have && zmq_msg_send(&o->id, dp->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->rid, dp->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->op, dp->sock, ZMQ_SNDMORE) >= 0)
-            zmq_msg_send(&body, dp->sock, 0);
+        if (have && zmq_msg_send(&o->id, o->sock, ZMQ_SNDMORE) >= 0 &&
+            zmq_msg_send(&o->rid, o->sock, ZMQ_SNDMORE) >= 0 &&
+            zmq_msg_send(&o->op, o->sock, ZMQ_SNDMORE) >= 0)
+            zmq_msg_send(&body, o->sock, 0);
         zmq_msg_close(&body);
         zmq_msg_close(&o->id);
         zmq_msg_close(&o->rid);
@@ -272,23 +334,29 @@ static void send_replies(struct dataplane *dp) {
 static void *loop_main(void *arg) {
     struct dataplane *dp = arg;
     pthread_setname_np(pthread_self(), "dp-loop");
-    zmq_pollitem_t items[2] = {{dp->sock, 0, ZMQ_POLLIN, 0}, {NULL, dp->efd, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[3] = {{dp->sock, 0, ZMQ_POLLIN, 0},
+                               {NULL, dp->efd, ZMQ_POLLIN, 0},
+                               {dp->isock, 0, ZMQ_POLLIN, 0}};
+    int nitems = dp->isock ? 3 : 2;
     while (!atomic_load(&dp->stop)) {
-        int n = zmq_poll(items, 2, 100);
+        int n = zmq_poll(items, nitems, 100);
         if (n < 0) {
             if (errno == EINTR) continue;
             log_error(dp->lg, "zmq_poll: %s", zmq_strerror(errno));
             break;
         }
         if (items[1].revents & ZMQ_POLLIN) send_replies(dp);
-        if ((items[0].revents & ZMQ_POLLIN) && !atomic_load(&dp->draining))
+        for (int k = 0; k < nitems; k += 2) {
+            if (!(items[k].revents & ZMQ_POLLIN) || atomic_load(&dp->draining)) continue;
             for (int i = 0; i < 64; i++) {
                 int ev = 0;
                 size_t len = sizeof(ev);
-                if (zmq_getsockopt(dp->sock, ZMQ_EVENTS, &ev, &len) < 0 || !(ev & ZMQ_POLLIN))
+                if (zmq_getsockopt(items[k].socket, ZMQ_EVENTS, &ev, &len) < 0 ||
+                    !(ev & ZMQ_POLLIN))
                     break;
-                receive_one(dp);
+                receive_one(dp, items[k].socket);
             }
+        }
     }
     send_replies(dp);
     return NULL;
@@ -317,11 +385,56 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         snprintf(errbuf, errlen, "cannot create the ZMQ context");
         goto fail;
     }
+    const struct server_config *cfg = e->cfg;
+    if (dataplane_check_shm_options(cfg, errbuf, errlen) < 0) goto fail;
     dp->sock = zmq_socket(dp->zctx, ZMQ_ROUTER);
     int64_t cap = (int64_t)max_message_bytes * 4;
     int linger = 0;
     zmq_setsockopt(dp->sock, ZMQ_MAXMSGSIZE, &cap, sizeof(cap));
     zmq_setsockopt(dp->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    if (cfg->curve_secret_key_file && *cfg->curve_secret_key_file) {
+        /* CURVE: the handshake proves the server's key, encrypts, and the ZAP handler admits
+         * only the client keys of the allow-list. */
+        char sec[CURVE_Z85_LEN + 1], pub[CURVE_Z85_LEN + 1];
+        int one = 1;
+        if (!cfg->curve_allowed_clients || !*cfg->curve_allowed_clients) {
+            snprintf(errbuf, errlen, "--curve-secret-key-file needs --curve-allowed-clients");
+            goto fail;
+        }
+        if (curve_read_key(cfg->curve_secret_key_file, sec, errbuf, errlen) < 0) goto fail;
+        if (zmq_curve_public(pub, sec) != 0) {
+            snprintf(errbuf, errlen, "--curve-secret-key-file: %s", zmq_strerror(errno));
+            goto fail;
+        }
+        dp->zap = dp_zap_start(dp->zctx, cfg->curve_allowed_clients, errbuf, errlen);
+        if (!dp->zap) goto fail;
+        if (zmq_setsockopt(dp->sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
+            zmq_setsockopt(dp->sock, ZMQ_CURVE_SECRETKEY, sec, CURVE_Z85_LEN) < 0 ||
+            zmq_setsockopt(dp->sock, ZMQ_ZAP_DOMAIN, "lmcache", 7) < 0) {
+            snprintf(errbuf, errlen, "CURVE: %s", zmq_strerror(errno));
+            goto fail;
+        }
+        log_info(dp->lg, "CURVE on the tcp data socket; server public key %s", pub);
+    }
+    if (cfg->ipc_path && *cfg->ipc_path) {
+        char iep[300];
+        if (snprintf(iep, sizeof(iep), "ipc://%s", cfg->ipc_path) >= (int)sizeof(iep)) {
+            snprintf(errbuf, errlen, "--ipc-path is too long");
+            goto fail;
+        }
+        dp->isock = zmq_socket(dp->zctx, ZMQ_ROUTER);
+        if (!dp->isock) {
+            snprintf(errbuf, errlen, "cannot create the ipc socket");
+            goto fail;
+        }
+        zmq_setsockopt(dp->isock, ZMQ_MAXMSGSIZE, &cap, sizeof(cap));
+        zmq_setsockopt(dp->isock, ZMQ_LINGER, &linger, sizeof(linger));
+        if (zmq_bind(dp->isock, iep) < 0) {
+            snprintf(errbuf, errlen, "cannot bind %s: %s", iep, zmq_strerror(errno));
+            goto fail;
+        }
+        log_info(dp->lg, "data socket also on %s", iep);
+    }
     /* libzmq binds interfaces and addresses, not host names: resolve (IPv4 first). */
     char addr[INET6_ADDRSTRLEN] = "";
     if (!strcmp(host, "*") || !strcmp(host, "0.0.0.0")) {
@@ -374,6 +487,8 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     return dp;
 fail:
     if (dp->sock) zmq_close(dp->sock);
+    if (dp->isock) zmq_close(dp->isock);
+    dp_zap_stop(dp->zap);
     if (dp->zctx) zmq_ctx_term(dp->zctx);
     if (dp->efd >= 0) close(dp->efd);
     free(dp);
@@ -414,6 +529,11 @@ void dataplane_stop(struct dataplane *dp) {
     int linger = 2000;
     zmq_setsockopt(dp->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_close(dp->sock);
+    if (dp->isock) {
+        zmq_setsockopt(dp->isock, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_close(dp->isock);
+    }
+    dp_zap_stop(dp->zap);
     zmq_ctx_term(dp->zctx);
     close(dp->efd);
     pthread_mutex_destroy(&dp->out_lock);
