@@ -219,6 +219,29 @@ def test_another_connections_proof_does_not_count(dp):
         kv.close()
 
 
+def test_registration_belongs_to_its_connection(dp):
+    """Another connection cannot gather a registered engine's blocks into the cache (to read them
+    with retrieve_bytes), scatter into them, or unregister them: the instance is unknown to it."""
+    s, engine = dp()
+    kv = ShmKV()
+    other = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        engine.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())
+        kv.fill_blocks([0, 1], "SECRET")
+        toks = prompt(1, 9)
+        for op in ("store", "retrieve"):
+            r = other.raw(op, dict(instance_id=1, token_ids=toks, block_ids=[0, 1]))
+            assert r["code"] == "not_registered", r
+        assert other.raw("unregister_kv_cache", dict(instance_id=1))["code"] == "not_registered"
+        assert other.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == []
+        # the engine itself still can
+        assert engine.call("store", instance_id=1, token_ids=toks, block_ids=[0, 1])["ok"]
+        engine.call("unregister_kv_cache", instance_id=1)
+    finally:
+        other.close()
+        kv.close()
+
+
 def test_proof_can_be_turned_off(dp):
     _, c = dp("--shm-proof", "never")
     name, path = shm_object(size=LAYOUT_BYTES)

@@ -205,6 +205,23 @@ static int proof_ok(int fd, const struct kv_auth *a, const struct stat *st, uint
            CRYPTO_memcmp(got, prev, sizeof(got)) == 0;
 }
 
+static int is_owner(const struct kv_context *c, const unsigned char *peer) {
+    for (unsigned i = 0; i < c->nowners; i++)
+        if (!memcmp(c->owners[i], peer, KV_PEER_KEY)) return 1;
+    return 0;
+}
+
+/* Caller holds the registry lock (or owns c alone). The oldest owner makes room. */
+static void add_owner(struct kv_context *c, const unsigned char *peer) {
+    const unsigned cap = sizeof(c->owners) / sizeof(c->owners[0]);
+    if (is_owner(c, peer)) return;
+    if (c->nowners == cap) {
+        memmove(c->owners[0], c->owners[1], (cap - 1) * sizeof(c->owners[0]));
+        c->nowners--;
+    }
+    memcpy(c->owners[c->nowners++], peer, KV_PEER_KEY);
+}
+
 int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const struct kv_auth *auth,
                    uint64_t now_ns, unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset,
                    char *err, size_t errlen) {
@@ -258,6 +275,7 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
             !strcmp(c->model_name, tmpl->model_name) && c->worker_id == tmpl->worker_id &&
             c->world_size == tmpl->world_size && same_layout(&c->layout, &tmpl->layout)) {
             atomic_store(&c->last_seen_ns, now_ns);
+            add_owner(c, auth->peer);
             pthread_mutex_unlock(&r->lock);
             close(fd);
             return 0;
@@ -275,6 +293,8 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     c->base = NULL;
     c->next = NULL;
     c->map_size = need;
+    c->nowners = 0;
+    add_owner(c, auth->peer);
     /* Populated now, so the first store does not pay the page faults of the mapping. */
     c->shm_dev = (uint64_t)st.st_dev;
     c->shm_ino = (uint64_t)st.st_ino;
@@ -307,11 +327,12 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     return 0;
 }
 
-int kvreg_unregister(struct kv_registry *r, int64_t instance_id) {
+int kvreg_unregister(struct kv_registry *r, int64_t instance_id, const unsigned char *peer) {
     struct kv_context *found = NULL;
     pthread_mutex_lock(&r->lock);
     for (struct kv_context **pp = &r->head; *pp; pp = &(*pp)->next) {
         if ((*pp)->instance_id == instance_id) {
+            if (peer && !is_owner(*pp, peer)) break;
             found = *pp;
             *pp = found->next;
             r->count--;
@@ -324,10 +345,16 @@ int kvreg_unregister(struct kv_registry *r, int64_t instance_id) {
 }
 
 struct kv_context *kvreg_get(struct kv_registry *r, int64_t instance_id, uint64_t now_ns) {
+    return kvreg_get_for(r, instance_id, NULL, now_ns);
+}
+
+struct kv_context *kvreg_get_for(struct kv_registry *r, int64_t instance_id,
+                                 const unsigned char *peer, uint64_t now_ns) {
     struct kv_context *found = NULL;
     pthread_mutex_lock(&r->lock);
     for (struct kv_context *c = r->head; c; c = c->next) {
         if (c->instance_id == instance_id) {
+            if (peer && !is_owner(c, peer)) break;
             atomic_fetch_add(&c->refs, 1);
             atomic_store(&c->last_seen_ns, now_ns);
             found = c;

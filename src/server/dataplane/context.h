@@ -33,6 +33,10 @@ struct kv_context {
     _Atomic int refs;              /* the registry's reference + one per operation in flight */
     _Atomic uint64_t last_seen_ns; /* liveness: register, ping, store, retrieve */
     int pinged;                    /* ever pinged (reaping uses the longer grace otherwise) */
+    /* The connections that registered it (struct dp_peer keys, newest last; under the registry
+     * lock): only they may store, retrieve or unregister through it. */
+    unsigned char owners[8][32];
+    unsigned nowners;
     struct kv_context *next;
 };
 
@@ -89,10 +93,13 @@ int kv_shm_name_check(const char *name, char *err, size_t errlen);
 int kvreg_register(struct kv_registry *r, const struct kv_context *c, const struct kv_auth *auth,
                    uint64_t now_ns, unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset,
                    char *err, size_t errlen);
-/* Returns 0, or -1 when unknown. */
-int kvreg_unregister(struct kv_registry *r, int64_t instance_id);
+/* Returns 0, or -1 when unknown, or (peer not NULL) not registered by that connection. */
+int kvreg_unregister(struct kv_registry *r, int64_t instance_id, const unsigned char *peer);
 /* Takes a reference on a registered context (NULL when unknown) and refreshes its liveness. */
 struct kv_context *kvreg_get(struct kv_registry *r, int64_t instance_id, uint64_t now_ns);
+/* The same for a data-plane client: NULL as well when peer is not among the context's owners. */
+struct kv_context *kvreg_get_for(struct kv_registry *r, int64_t instance_id,
+                                 const unsigned char *peer, uint64_t now_ns);
 void kvreg_put(struct kv_context *c);
 /* ping: refreshes liveness; 0, or -1 when unknown. */
 int kvreg_ping(struct kv_registry *r, int64_t instance_id, uint64_t now_ns);

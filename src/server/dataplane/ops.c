@@ -346,7 +346,7 @@ static int op_register(struct op_ctx *o) {
 static int op_unregister(struct op_ctx *o) {
     int64_t id;
     if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &id, o->err) < 0) return -1;
-    if (kvreg_unregister(&o->e->contexts, id) < 0) {
+    if (kvreg_unregister(&o->e->contexts, id, owner_of(o)) < 0) {
         dp_fail(o->err, DP_NOT_REGISTERED, "instance_id %lld is not registered", (long long)id);
         return -1;
     }
@@ -356,7 +356,8 @@ static int op_unregister(struct op_ctx *o) {
 static struct kv_context *get_context(struct op_ctx *o) {
     int64_t id;
     if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &id, o->err) < 0) return NULL;
-    struct kv_context *c = kvreg_get(&o->e->contexts, id, o->now);
+    /* Only the connections that registered the instance use it; to others it is unknown. */
+    struct kv_context *c = kvreg_get_for(&o->e->contexts, id, owner_of(o), o->now);
     if (!c) dp_fail(o->err, DP_NOT_REGISTERED, "instance_id %lld is not registered", (long long)id);
     return c;
 }
