@@ -395,3 +395,25 @@ def test_curve_needs_an_allow_list(tmp_path):
                         "--curve-secret-key-file", str(tmp_path / "server.key")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--curve-allowed-clients" in r.stderr + r.stdout
+
+
+# ---- the documented connector -------------------------------------------------------------------
+
+def test_protocol_doc_example_registers_with_proof(make_server):
+    """The pyzmq connector at the end of docs/protocol.md runs as written (it answers the
+    proof-of-access challenge of a tcp client)."""
+    from conftest import ROOT
+    text = open(os.path.join(ROOT, "docs", "protocol.md")).read()
+    code = text[text.rindex("```python") + len("```python"):text.rindex("```")]
+    s = make_server()
+    name = "lmc-doc-" + uuid.uuid4().hex[:8]
+    code = (code.replace("tcp://127.0.0.1:5555", f"tcp://127.0.0.1:{s.zmq_port}")
+            .replace("my-kv", name))
+    assert f"/dev/shm/{name}" in code and "proof_required" in code
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+    finally:
+        if os.path.exists("/dev/shm/" + name):
+            os.unlink("/dev/shm/" + name)
