@@ -116,40 +116,44 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     (void)w;
 }
 
+/* One decimal field of at most 10 digits in [s, e), below 2^32. */
+static int dec_field(const char *s, const char *e, uint64_t *out) {
+    if (e <= s || e - s > 10) return -1;
+    uint64_t v = 0;
+    for (; s < e; s++) {
+        if (*s < '0' || *s > '9') return -1;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    if (v > UINT32_MAX) return -1;
+    *out = v;
+    return 0;
+}
+
+int dataplane_parse_peercred(const char *addr, uint32_t *uid, uint32_t *gid, int32_t *pid) {
+    size_t n = strlen(addr), colon[3];
+    int found = 0;
+    for (size_t i = n; i > 0 && found < 3; i--)
+        if (addr[i - 1] == ':') colon[found++] = i - 1;
+    if (found < 3) return -1; /* colon[0] is the last one */
+    uint64_t u, g, p;
+    if (dec_field(addr + colon[2] + 1, addr + colon[1], &u) < 0 ||
+        dec_field(addr + colon[1] + 1, addr + colon[0], &g) < 0 ||
+        dec_field(addr + colon[0] + 1, addr + n, &p) < 0 || p > INT32_MAX)
+        return -1;
+    *uid = (uint32_t)u;
+    *gid = (uint32_t)g;
+    *pid = (int32_t)p;
+    return 0;
+}
+
 /* The peer of a request, from the properties libzmq attaches to its frames. */
 static void peer_of(struct dataplane *dp, struct dp_req *req, struct dp_peer *p) {
     memset(p, 0, sizeof(*p));
     int ipc = req->sock == dp->isock;
     const char *addr = zmq_msg_gets(&req->rid, "Peer-Address");
     const char *user = zmq_msg_gets(&req->rid, "User-Id");
-    if (ipc && addr) {
-        /* libzmq appends ":uid:gid:pid" of SO_PEERCRED to a Unix socket's peer address. */
-        const char *c3 = strrchr(addr, ':'), *c2 = NULL, *c1 = NULL;
-        if (c3)
-            for (c2 = c3 - 1; c2 >= addr && *c2 != ':'; c2--)
-                ;
-        if (c2 && c2 >= addr)
-            for (c1 = c2 - 1; c1 >= addr && *c1 != ':'; c1--)
-                ;
-        unsigned long uid, gid;
-        long pid;
-        char *end;
-        if (c1 && c1 >= addr) {
-            uid = strtoul(c1 + 1, &end, 10);
-            if (end == c2 && c1[1] != ':') {
-                gid = strtoul(c2 + 1, &end, 10);
-                if (end == c3 && c2[1] != ':') {
-                    pid = strtol(c3 + 1, &end, 10);
-                    if (!*end && c3[1] && uid <= UINT32_MAX && gid <= UINT32_MAX) {
-                        p->has_cred = 1;
-                        p->uid = (uint32_t)uid;
-                        p->gid = (uint32_t)gid;
-                        p->pid = (int32_t)pid;
-                    }
-                }
-            }
-        }
-    }
+    if (ipc && addr && dataplane_parse_peercred(addr, &p->uid, &p->gid, &p->pid) == 0)
+        p->has_cred = 1;
     EVP_MD_CTX *h = EVP_MD_CTX_new();
     uint32_t n = (uint32_t)zmq_msg_size(&req->id);
     unsigned char kind = ipc ? 'u' : 't';

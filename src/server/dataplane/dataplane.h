@@ -32,6 +32,10 @@ struct dp_peer {
     int32_t pid;
 };
 
+/* Parses the ":uid:gid:pid" that libzmq appends (SO_PEERCRED) to the Peer-Address of a Unix
+ * socket's connection. 0, or -1 when addr does not end that way. */
+int dataplane_parse_peercred(const char *addr, uint32_t *uid, uint32_t *gid, int32_t *pid);
+
 /* Executes one request (decode, dispatch, reply map) without the socket: the workers call it,
  * and so do the fuzz driver and unit tests. The reply is always complete. */
 void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
