@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -246,7 +245,7 @@ int dataplane_check_shm_options(const struct server_config *cfg, char *err, size
     return 0;
 }
 
-/* The checks of docs/security.md ("Shared-memory authorization") around kvreg_register: the
+/* The checks of docs/security.md (shared-memory authorization) around kvreg_register: the
  * operator's policy, the peer's credentials, and the proof-of-access round trip. */
 static int register_checked(struct op_ctx *o, const struct kv_context *c) {
     const struct server_config *cfg = o->e->cfg;
