@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -110,6 +111,7 @@ int curve_read_key(const char *path, char out[CURVE_Z85_LEN + 1], char *err, siz
     if (!text) return -1;
     out[0] = 0;
     int n = scan_keys(path, text, take_first, out, err, errlen);
+    OPENSSL_cleanse(text, strlen(text)); /* a secret key file */
     free(text);
     if (n < 0) return -1;
     if (n == 0) {

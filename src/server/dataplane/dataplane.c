@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <unistd.h>
@@ -418,6 +419,7 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
             snprintf(errbuf, errlen, "CURVE: %s", zmq_strerror(errno));
             goto fail;
         }
+        OPENSSL_cleanse(sec, sizeof(sec)); /* libzmq keeps its own copy */
         log_info(dp->lg, "CURVE on the tcp data socket; server public key %s", pub);
     }
     if (cfg->ipc_path && *cfg->ipc_path) {
