@@ -70,6 +70,10 @@ def assert_unregistered(c, instance=1):
 
 # ---- shared memory ----------------------------------------------------------------------------
 
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create another uid's object")
+
+
+@needs_root
 def test_foreign_object_is_refused_untouched(dp):
     """An object owned by another uid (mode 0600) cannot be registered over tcp: not one byte is
     read or written, and no store or retrieve reaches it."""
@@ -92,6 +96,7 @@ def test_foreign_object_is_refused_untouched(dp):
         os.unlink(path)
 
 
+@needs_root
 def test_allowed_uids_admit_another_owner(dp):
     _, c = dp("--shm-allowed-uids", str(NOBODY))
     name, path = shm_object(owner=NOBODY)
@@ -281,7 +286,7 @@ def ipc_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+@needs_root
 def test_ipc_peer_must_own_the_object(dp, ipc_dir):
     sock = os.path.join(ipc_dir, "dp.sock")
     s, _ = dp("--ipc-path", sock)
