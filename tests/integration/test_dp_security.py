@@ -310,6 +310,24 @@ def test_ipc_peer_must_own_the_object(dp, ipc_dir):
         os.unlink(rpath)
 
 
+def test_ipc_needs_no_proof_unless_always(dp, ipc_dir):
+    sock = os.path.join(ipc_dir, "dp.sock")
+    for mode, proof in (("tcp", False), ("always", True)):
+        s, _ = dp("--ipc-path", sock, "--shm-proof", mode)
+        c = DPClient("ipc://" + sock, timeout_ms=10000)
+        name, path = shm_object()
+        try:
+            r = reg(c, name)
+            assert (r.get("code") == "proof_required") == proof and r["ok"] is not proof, r
+            if proof:
+                write_proof(r, name)
+                assert reg(c, name)["ok"]
+        finally:
+            c.close()
+            os.unlink(path)
+            assert s.stop() == 0
+
+
 # ---- lookup sessions ----------------------------------------------------------------------------
 
 def test_sessions_belong_to_their_connection(dp):
