@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "base/version.h"
+#include "server/dataplane/curve.h"
 #include "server/server.h"
 #ifdef LMCACHE_HAVE_MASTER
 #include "master/master.h"
@@ -30,6 +31,7 @@ static const struct subcommand {
 #ifdef LMCACHE_HAVE_BENCH
     {"bench", bench_main, "run a benchmark (lmcache bench --help lists them)"},
 #endif
+    {"curve-keygen", curve_keygen_main, "write a CURVE key pair for the data socket"},
     {"version", version_main, "print the version and the commit id"},
 };
 #define NSUB (sizeof(SUBCOMMANDS) / sizeof(SUBCOMMANDS[0]))

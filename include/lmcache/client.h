@@ -51,6 +51,9 @@ typedef enum lmc_status {
     LMC_ERR_INVALID_ARGUMENT,
     LMC_ERR_NO_MEMORY,
     LMC_ERR_SYSTEM, /* a system call failed (shm_open, ftruncate, mmap); errno in the message */
+    /* A server code added later (kept last so the values above stay stable): register_kv_cache
+     * wants the proof of access (docs/protocol.md). lmc_register_kv_cache answers it itself. */
+    LMC_ERR_PROOF_REQUIRED,
 } lmc_status;
 
 typedef struct lmc_error {
@@ -72,6 +75,12 @@ typedef struct lmc_client lmc_client;
 typedef struct lmc_client_options {
     int timeout_ms;         /* per synchronous call and per lmc_wait; <= 0: 30000 */
     int connect_timeout_ms; /* ZMQ_CONNECT_TIMEOUT; <= 0: 5000 */
+    /* CURVE (docs/security.md): the server's public key and this client's key pair, each 40
+     * Z85 characters (the key lines `lmcache curve-keygen` writes). All three or none; NULL:
+     * plaintext. The client's public key must be in the server's --curve-allowed-clients. */
+    const char *curve_server_key;
+    const char *curve_public_key;
+    const char *curve_secret_key;
 } lmc_client_options;
 
 /* Connects a DEALER socket to tcp://host:port. `opts` may be NULL. ZMQ connects lazily, so a
@@ -138,14 +147,18 @@ typedef struct lmc_register_args {
 
 typedef struct lmc_kv_context lmc_kv_context;
 
-/* Creates (or reuses) the POSIX shared-memory object, sizes it with ftruncate, maps it, and sends
- * register_kv_cache. On success *out owns the mapping; the caller writes and reads engine blocks
- * through lmc_kv_base(). On failure nothing is left behind (an object this call created is
- * unlinked). */
+/* Creates (or reuses) the POSIX shared-memory object (mode 0600), sizes it with ftruncate to
+ * lmc_kv_total_bytes + LMC_KV_PROOF_PAGE, maps the layout, and sends register_kv_cache,
+ * answering the server's proof-of-access challenge (it writes the nonce into the proof page
+ * after the layout and registers again). On success *out owns the mapping; the caller writes
+ * and reads engine blocks through lmc_kv_base(). On failure nothing is left behind (an object
+ * this call created is unlinked). */
+#define LMC_KV_PROOF_PAGE 4096u
 LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args *a,
                                          lmc_kv_context **out, lmc_error *err);
 /* Sends register_kv_cache only (no shared memory is created): for an object that already exists
- * or was created by someone else. */
+ * or was created by someone else. A proof-of-access challenge is answered by opening the object
+ * (shm_open O_RDWR) and writing the nonce; the object must then hold the proof page. */
 LMC_API lmc_status lmc_register_kv_cache_raw(lmc_client *c, const lmc_register_args *a,
                                              lmc_error *err);
 LMC_API void *lmc_kv_base(const lmc_kv_context *ctx);

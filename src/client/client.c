@@ -44,6 +44,7 @@ static const char *const STATUS_NAMES[] = {
     [LMC_ERR_INVALID_ARGUMENT] = "invalid_argument",
     [LMC_ERR_NO_MEMORY] = "no_memory",
     [LMC_ERR_SYSTEM] = "system",
+    [LMC_ERR_PROOF_REQUIRED] = "proof_required",
 };
 #define NSTATUS (sizeof(STATUS_NAMES) / sizeof(STATUS_NAMES[0]))
 
@@ -55,6 +56,7 @@ LMC_API lmc_status lmc_status_from_code(const char *code, size_t len) {
     for (unsigned s = LMC_ERR_BAD_REQUEST; s < LMC_ERR_SERVER_OTHER; s++)
         if (strlen(STATUS_NAMES[s]) == len && memcmp(STATUS_NAMES[s], code, len) == 0)
             return (lmc_status)s;
+    if (len == 14 && memcmp(code, "proof_required", 14) == 0) return LMC_ERR_PROOF_REQUIRED;
     return LMC_ERR_SERVER_OTHER;
 }
 
@@ -414,6 +416,24 @@ LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_c
 #else
     (void)connect_ms;
 #endif
+    if (opts && (opts->curve_server_key || opts->curve_public_key || opts->curve_secret_key)) {
+        const char *keys[3] = {opts->curve_server_key, opts->curve_public_key,
+                               opts->curve_secret_key};
+        for (int i = 0; i < 3; i++)
+            if (!keys[i] || strlen(keys[i]) != 40) {
+                zmq_close(c->sock);
+                zmq_ctx_term(c->zctx);
+                free(c);
+                lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT,
+                               "CURVE needs the server key and the client key pair, 40 Z85 "
+                               "characters each");
+                return LMC_ERR_INVALID_ARGUMENT;
+            }
+        if (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, keys[0], 40) != 0 ||
+            zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, keys[1], 40) != 0 ||
+            zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, keys[2], 40) != 0)
+            goto zfail;
+    }
     if (zmq_connect(c->sock, endpoint) != 0) goto zfail;
     *out = c;
     return LMC_OK;
@@ -1123,15 +1143,56 @@ static void put_register(struct lmcc_map *m, const lmc_register_args *a, const c
     lmcc_put_layout(m, &a->layout);
 }
 
+/* Writes the nonce of a proof_required reply into the object's proof page: fd when the caller
+ * holds the object open, else it is opened by name. */
+static lmc_status write_proof(const lmc_reply *r, int fd, const char *shm_name, uint64_t layout,
+                              lmc_error *err) {
+    const msgpack_object *nonce = lmcc_map_get(r->map, "nonce");
+    uint64_t off = 0;
+    if (!nonce || nonce->type != MSGPACK_OBJECT_BIN || nonce->via.bin.size != 32 ||
+        !lmc_reply_get_u64(r, "proof_offset", &off) || off != layout) {
+        lmcc_set_error(err, LMC_ERR_PROTOCOL,
+                       "proof_required reply without a 32-byte nonce at "
+                       "the end of the layout");
+        return LMC_ERR_PROTOCOL;
+    }
+    int own = fd < 0;
+    if (own) fd = shm_open(shm_name, O_RDWR | O_NOFOLLOW, 0);
+    if (fd < 0) {
+        lmcc_set_error(err, LMC_ERR_SYSTEM, "shm_open %s: %s", shm_name, strerror(errno));
+        return LMC_ERR_SYSTEM;
+    }
+    ssize_t w = pwrite(fd, nonce->via.bin.ptr, 32, (off_t)off);
+    int saved = errno;
+    if (own) close(fd);
+    if (w != 32) {
+        lmcc_set_error(err, LMC_ERR_SYSTEM, "writing the proof of %s: %s", shm_name,
+                       w < 0 ? strerror(saved) : "short write");
+        return LMC_ERR_SYSTEM;
+    }
+    return LMC_OK;
+}
+
+/* register_kv_cache, and once more after answering a proof-of-access challenge. */
 static lmc_status send_register(lmc_client *c, const lmc_register_args *a, const char *shm_name,
-                                lmc_error *err) {
-    struct lmcc_map m;
-    lmcc_map_init(&m);
-    put_register(&m, a, shm_name);
-    lmc_req_id id = 0;
-    lmc_reply *r;
-    lmc_status s = finish(c, send_map(c, "register_kv_cache", &m, &id, err), &id, &r, err);
-    lmc_reply_free(r);
+                                int fd, lmc_error *err) {
+    lmc_status s = LMC_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        struct lmcc_map m;
+        lmcc_map_init(&m);
+        put_register(&m, a, shm_name);
+        lmc_req_id id = 0;
+        lmc_reply *r;
+        s = finish(c, send_map(c, "register_kv_cache", &m, &id, err), &id, &r, err);
+        if (s == LMC_ERR_PROOF_REQUIRED && attempt == 0) {
+            lmc_status w = write_proof(r, fd, shm_name, lmc_kv_total_bytes(&a->layout), err);
+            lmc_reply_free(r);
+            if (w != LMC_OK) return w;
+            continue;
+        }
+        lmc_reply_free(r);
+        break;
+    }
     return s;
 }
 
@@ -1140,7 +1201,7 @@ LMC_API lmc_status lmc_register_kv_cache_raw(lmc_client *c, const lmc_register_a
     clear_error(err);
     if (!c || !a || !a->model_name || !a->shm_name)
         return bad_arg(err, "model_name and shm_name are required");
-    return send_register(c, a, a->shm_name, err);
+    return send_register(c, a, a->shm_name, -1, err);
 }
 
 LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args *a,
@@ -1148,7 +1209,8 @@ LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args 
     clear_error(err);
     if (!c || !a || !a->model_name || !out) return bad_arg(err, "model_name and out are required");
     uint64_t size = lmc_kv_total_bytes(&a->layout);
-    if (size == 0 || size > (uint64_t)SIZE_MAX || (off_t)size < 0)
+    if (size == 0 || size > (uint64_t)SIZE_MAX - LMC_KV_PROOF_PAGE ||
+        (off_t)(size + LMC_KV_PROOF_PAGE) < 0)
         return bad_arg(err, "invalid KV layout (zero field, kv_count > 2 or overflow)");
     lmc_kv_context *ctx = calloc(1, sizeof(*ctx));
     if (!ctx) {
@@ -1183,9 +1245,10 @@ LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args 
     } else if (fstat(fd, &st) != 0) {
         lmcc_set_error(err, LMC_ERR_SYSTEM, "fstat %s: %s", ctx->shm_name, strerror(errno));
         s = LMC_ERR_SYSTEM;
-    } else if ((uint64_t)st.st_size < size && ftruncate(fd, (off_t)size) != 0) {
+    } else if ((uint64_t)st.st_size < size + LMC_KV_PROOF_PAGE &&
+               ftruncate(fd, (off_t)(size + LMC_KV_PROOF_PAGE)) != 0) {
         lmcc_set_error(err, LMC_ERR_SYSTEM, "ftruncate %s to %llu bytes: %s", ctx->shm_name,
-                       (unsigned long long)size, strerror(errno));
+                       (unsigned long long)(size + LMC_KV_PROOF_PAGE), strerror(errno));
         s = LMC_ERR_SYSTEM;
     } else {
         void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -1197,8 +1260,8 @@ LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args 
             ctx->size = size;
         }
     }
+    if (s == LMC_OK) s = send_register(c, a, ctx->shm_name, fd, err);
     if (fd >= 0) close(fd);
-    if (s == LMC_OK) s = send_register(c, a, ctx->shm_name, err);
     if (s != LMC_OK) {
         if (ctx->base) munmap(ctx->base, (size_t)ctx->size);
         if (ctx->created) shm_unlink(ctx->shm_name);

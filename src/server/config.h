@@ -25,6 +25,23 @@ enum opt_type {
     X(host, "host", OPT_STR, "mp", "localhost", 0, -1, NULL, 0,                                    \
       "Bind address of the ZMQ data socket")                                                       \
     X(port, "port", OPT_INT, "mp", "5555", 1, 65535, NULL, 0, "Port of the ZMQ data socket")       \
+    X(ipc_path, "ipc-path", OPT_STR, "mp", "", 0, -1, NULL, 0,                                     \
+      "Also bind the data socket on this Unix socket (ipc://PATH); its clients are identified by " \
+      "their uid (SO_PEERCRED)")                                                                   \
+    X(shm_allowed_uids, "shm-allowed-uids", OPT_STRLIST, "mp", NULL, 0, -1, NULL, 0,               \
+      "Owner uids of shared memory that tcp clients may register (default: the daemon's "          \
+      "effective uid)")                                                                            \
+    X(shm_name_prefixes, "shm-name-prefixes", OPT_STRLIST, "mp", NULL, 0, -1, NULL, 0,             \
+      "Only shm_names starting with one of these prefixes may be registered (default: any)")       \
+    X(shm_proof, "shm-proof", OPT_ENUM, "mp", "tcp", 0, -1, "tcp|always|never", 0,                 \
+      "Who must prove write access to a registered object by writing a server nonce into its "     \
+      "proof page: tcp clients, every client, or nobody")                                          \
+    X(curve_secret_key_file, "curve-secret-key-file", OPT_STR, "mp", "", 0, -1, NULL, 0,           \
+      "Encrypt and authenticate the tcp data socket with CURVE: file holding the server's Z85 "    \
+      "secret key (lmcache curve-keygen)")                                                         \
+    X(curve_allowed_clients, "curve-allowed-clients", OPT_STR, "mp", "", 0, -1, NULL, 0,           \
+      "With CURVE: file of allowed client public keys (Z85, one per line), or a directory of "     \
+      "such files")                                                                                \
     X(http_host, "http-host", OPT_STR, "mp", "0.0.0.0", 0, -1, NULL, 0,                            \
       "Host to bind the HTTP admin server")                                                        \
     X(http_port, "http-port", OPT_INT, "mp", "8080", 1, 65535, NULL, 0,                            \

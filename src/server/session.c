@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint32_t bucket_of(const char *id) {
+static uint32_t bucket_of(const uint8_t *owner, const char *id) {
     uint32_t h = 2166136261u;
+    for (size_t i = 0; i < SESSION_OWNER; i++) h = (h ^ owner[i]) * 16777619u;
     for (; *id; id++) h = (h ^ (uint8_t)*id) * 16777619u;
     return h % SESSION_BUCKETS;
 }
@@ -49,9 +50,9 @@ void session_table_destroy(struct session_table *t) {
 }
 
 /* Caller holds t->lock. Unlinks and returns the session called id, or NULL. */
-static struct session *do_unlink(struct session_table *t, const char *id) {
-    for (struct session **pp = &t->buckets[bucket_of(id)]; *pp; pp = &(*pp)->next) {
-        if (strcmp((*pp)->id, id) == 0) {
+static struct session *do_unlink(struct session_table *t, const uint8_t *owner, const char *id) {
+    for (struct session **pp = &t->buckets[bucket_of(owner, id)]; *pp; pp = &(*pp)->next) {
+        if (strcmp((*pp)->id, id) == 0 && memcmp((*pp)->owner, owner, SESSION_OWNER) == 0) {
             struct session *s = *pp;
             *pp = s->next;
             s->next = NULL;
@@ -63,16 +64,16 @@ static struct session *do_unlink(struct session_table *t, const char *id) {
     return NULL;
 }
 
-static struct session *do_find(struct session_table *t, const char *id) {
-    for (struct session *s = t->buckets[bucket_of(id)]; s; s = s->next)
-        if (strcmp(s->id, id) == 0) return s;
+static struct session *do_find(struct session_table *t, const uint8_t *owner, const char *id) {
+    for (struct session *s = t->buckets[bucket_of(owner, id)]; s; s = s->next)
+        if (strcmp(s->id, id) == 0 && memcmp(s->owner, owner, SESSION_OWNER) == 0) return s;
     return NULL;
 }
 
 struct session *session_put(struct session_table *t, struct session *s) {
     pthread_mutex_lock(&t->lock);
-    struct session *old = do_unlink(t, s->id);
-    uint32_t b = bucket_of(s->id);
+    struct session *old = do_unlink(t, s->owner, s->id);
+    uint32_t b = bucket_of(s->owner, s->id);
     s->next = t->buckets[b];
     t->buckets[b] = s;
     t->count++;
@@ -81,18 +82,18 @@ struct session *session_put(struct session_table *t, struct session *s) {
     return old;
 }
 
-struct session *session_remove(struct session_table *t, const char *id) {
+struct session *session_remove(struct session_table *t, const uint8_t *owner, const char *id) {
     pthread_mutex_lock(&t->lock);
-    struct session *s = do_unlink(t, id);
+    struct session *s = do_unlink(t, owner, id);
     pthread_mutex_unlock(&t->lock);
     return s;
 }
 
-int session_query(struct session_table *t, const char *id, uint32_t *hits) {
+int session_query(struct session_table *t, const uint8_t *owner, const char *id, uint32_t *hits) {
     int ready = 1;
     *hits = 0;
     pthread_mutex_lock(&t->lock);
-    struct session *s = do_find(t, id);
+    struct session *s = do_find(t, owner, id);
     if (s && !s->job_reported) {
         if (s->job_ready) {
             *hits = s->hit_chunks;
@@ -106,9 +107,10 @@ int session_query(struct session_table *t, const char *id, uint32_t *hits) {
     return ready;
 }
 
-void session_job_done(struct session_table *t, const char *id, uint32_t hits) {
+void session_job_done(struct session_table *t, const uint8_t *owner, const char *id,
+                      uint32_t hits) {
     pthread_mutex_lock(&t->lock);
-    struct session *s = do_find(t, id);
+    struct session *s = do_find(t, owner, id);
     if (s) {
         s->hit_chunks = hits;
         s->job_ready = 1;
@@ -116,11 +118,11 @@ void session_job_done(struct session_table *t, const char *id, uint32_t hits) {
     pthread_mutex_unlock(&t->lock);
 }
 
-int session_take_lock(struct session_table *t, const char *id, uint32_t chunk, uint32_t rank,
-                      const struct l1_key *key) {
+int session_take_lock(struct session_table *t, const uint8_t *owner, const char *id, uint32_t chunk,
+                      uint32_t rank, const struct l1_key *key) {
     int got = 0;
     pthread_mutex_lock(&t->lock);
-    struct session *s = do_find(t, id);
+    struct session *s = do_find(t, owner, id);
     if (s && chunk >= s->start_chunk && chunk - s->start_chunk < s->locked_chunks &&
         rank < s->world_size) {
         struct session_obj *o = &s->objs[(size_t)(chunk - s->start_chunk) * s->world_size + rank];
@@ -133,15 +135,15 @@ int session_take_lock(struct session_table *t, const char *id, uint32_t chunk, u
     return got;
 }
 
-uint64_t session_release_range(struct session_table *t, const char *id, uint32_t from, uint32_t to,
-                               int64_t rank,
+uint64_t session_release_range(struct session_table *t, const uint8_t *owner, const char *id,
+                               uint32_t from, uint32_t to, int64_t rank,
                                void (*fn)(const struct l1_key *key, uint32_t locks, void *arg),
                                void *arg) {
     struct session_obj *out = NULL;
     size_t n = 0;
     uint64_t total = 0;
     pthread_mutex_lock(&t->lock);
-    struct session *s = do_find(t, id);
+    struct session *s = do_find(t, owner, id);
     if (s && s->locked_chunks) {
         uint32_t lo = from > s->start_chunk ? from - s->start_chunk : 0;
         uint32_t hi = to > s->start_chunk ? to - s->start_chunk : 0;
@@ -191,14 +193,14 @@ void session_counts(struct session_table *t, size_t *sessions, size_t *jobs) {
     pthread_mutex_unlock(&t->lock);
 }
 
-void session_prefetch_done(struct session_table *t, const char *id, uint64_t gen,
-                           const struct l1_key *keys, const uint8_t *ready, size_t nkeys,
-                           uint32_t locks,
+void session_prefetch_done(struct session_table *t, const uint8_t *owner, const char *id,
+                           uint64_t gen, const struct l1_key *keys, const uint8_t *ready,
+                           size_t nkeys, uint32_t locks,
                            void (*release)(const struct l1_key *key, uint32_t locks, void *arg),
                            void *arg) {
     size_t kept = 0; /* keys [0, kept) now belong to the session */
     pthread_mutex_lock(&t->lock);
-    struct session *s = do_find(t, id);
+    struct session *s = do_find(t, owner, id);
     if (s && s->gen == gen) {
         uint32_t ws = s->world_size;
         size_t full = 0;

@@ -12,6 +12,7 @@
 
 #define SESSION_ID_MAX  256
 #define SESSION_BUCKETS 1024
+#define SESSION_OWNER   32 /* bytes of the key of the connection that opened a session */
 
 /* One looked-up object and the read locks this session still holds on it. */
 struct session_obj {
@@ -19,8 +20,12 @@ struct session_obj {
     uint32_t locks;
 };
 
+/* A session belongs to the connection that opened it: every call below names the session by
+ * (owner, id), so another connection that knows or guesses the id finds nothing, and two
+ * connections may use the same request id without meeting. */
 struct session {
     char id[SESSION_ID_MAX + 1];
+    uint8_t owner[SESSION_OWNER];
     uint32_t start_chunk; /* absolute index of the first chunk of the lookup range */
     uint32_t nchunks;     /* chunks in the lookup range */
     uint32_t world_size;
@@ -46,18 +51,19 @@ void session_table_init(struct session_table *t);
 struct session *session_table_drain(struct session_table *t);
 void session_table_destroy(struct session_table *t);
 
-/* Inserts s (owned by the table from now on). Returns the session it replaces (same id), which
+/* Inserts s (owned by the table from now on). Returns the session it replaces (same owner and
+ * id), which
  * the caller must release and free, or NULL. */
 struct session *session_put(struct session_table *t, struct session *s);
 /* Removes and returns the session (the caller releases its locks and frees it), or NULL. */
-struct session *session_remove(struct session_table *t, const char *id);
+struct session *session_remove(struct session_table *t, const uint8_t *owner, const char *id);
 void session_free(struct session *s);
 
 /* query_prefetch_status: 1 = ready (*hits set; the job is consumed), 0 = pending, and an unknown
  * id or an already reported job counts as ready with 0 hits. */
-int session_query(struct session_table *t, const char *id, uint32_t *hits);
+int session_query(struct session_table *t, const uint8_t *owner, const char *id, uint32_t *hits);
 /* Marks the lookup's prefetch job complete with `hits` leading chunks. */
-void session_job_done(struct session_table *t, const char *id, uint32_t hits);
+void session_job_done(struct session_table *t, const uint8_t *owner, const char *id, uint32_t hits);
 
 /* Applies a finished L2 prefetch to session id if it is still generation gen. keys/ready cover
  * the chunks from the session's first unlocked chunk on, chunk-major (every rank of a chunk in
@@ -65,9 +71,9 @@ void session_job_done(struct session_table *t, const char *id, uint32_t hits);
  * session's (locked_chunks and hit_chunks grow, the job turns ready); every other ready key's
  * locks, or all of them when the session is gone, are handed to release() after the table lock
  * is dropped. */
-void session_prefetch_done(struct session_table *t, const char *id, uint64_t gen,
-                           const struct l1_key *keys, const uint8_t *ready, size_t nkeys,
-                           uint32_t locks,
+void session_prefetch_done(struct session_table *t, const uint8_t *owner, const char *id,
+                           uint64_t gen, const struct l1_key *keys, const uint8_t *ready,
+                           size_t nkeys, uint32_t locks,
                            void (*release)(const struct l1_key *key, uint32_t locks, void *arg),
                            void *arg);
 
@@ -75,13 +81,13 @@ void session_prefetch_done(struct session_table *t, const char *id, uint64_t gen
  * there is `key`: 1 when it held one (the caller now owns that lock and releases it after its
  * copy), 0 otherwise (no such lock, or the request names another object: another salt, model or
  * prompt than its lookup). */
-int session_take_lock(struct session_table *t, const char *id, uint32_t chunk, uint32_t rank,
-                      const struct l1_key *key);
+int session_take_lock(struct session_table *t, const uint8_t *owner, const char *id, uint32_t chunk,
+                      uint32_t rank, const struct l1_key *key);
 /* Hands back every lock the session holds on chunks [from, to) (absolute) for one rank, or all
  * ranks when rank < 0: fn is called per object with its lock count after the table lock is
  * dropped. Returns the number of locks released. */
-uint64_t session_release_range(struct session_table *t, const char *id, uint32_t from, uint32_t to,
-                               int64_t rank,
+uint64_t session_release_range(struct session_table *t, const uint8_t *owner, const char *id,
+                               uint32_t from, uint32_t to, int64_t rank,
                                void (*fn)(const struct l1_key *key, uint32_t locks, void *arg),
                                void *arg);
 /* Removes sessions created before `before_ns`, chained through ->next. */

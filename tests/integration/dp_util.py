@@ -8,13 +8,39 @@ import msgpack
 import zmq
 
 
+PROOF_PAGE = 4096  # bytes after the layout that carry the proof-of-access nonce
+
+
+def write_proof(reply, shm_name):
+    """Answers a proof_required reply: the nonce goes to byte proof_offset of the object."""
+    fd = os.open("/dev/shm" + shm_name, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        os.pwrite(fd, reply["nonce"], reply["proof_offset"])
+    finally:
+        os.close(fd)
+
+
+def register(raw, payload):
+    """register_kv_cache through raw(op, payload) -> reply, proving access when asked to."""
+    reply = raw("register_kv_cache", payload)
+    if not reply["ok"] and reply.get("code") == "proof_required":
+        write_proof(reply, payload["shm_name"])
+        reply = raw("register_kv_cache", payload)
+    return reply
+
+
 class DPClient:
-    def __init__(self, port, timeout_ms=30000):
+    """endpoint: a port (tcp on loopback) or a ZMQ endpoint string. curve: (server_public,
+    client_public, client_secret) as Z85 bytes, or None."""
+
+    def __init__(self, port, timeout_ms=30000, curve=None):
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"tcp://127.0.0.1:{port}")
+        if curve:
+            self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = curve
+        self.sock.connect(port if isinstance(port, str) else f"tcp://127.0.0.1:{port}")
         self.ids = itertools.count()
 
     def raw(self, op, payload):
@@ -25,7 +51,7 @@ class DPClient:
         return msgpack.unpackb(body)
 
     def call(self, op, **payload):
-        reply = self.raw(op, payload)
+        reply = register(self.raw, payload) if op == "register_kv_cache" else self.raw(op, payload)
         if not reply["ok"]:
             raise RuntimeError(f'{reply["code"]}: {reply["message"]}')
         return reply
@@ -44,7 +70,7 @@ class ShmKV:
         self.size = layers * kv_count * blocks * self.block_bytes
         self.name = "/lmc-test-" + uuid.uuid4().hex[:12]
         self.fd = os.open("/dev/shm" + self.name, os.O_CREAT | os.O_RDWR, 0o600)
-        os.ftruncate(self.fd, self.size)
+        os.ftruncate(self.fd, self.size + PROOF_PAGE)
         self.mem = mmap.mmap(self.fd, self.size)
 
     def layout(self):

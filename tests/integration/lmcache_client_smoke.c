@@ -43,7 +43,11 @@ int main(int argc, char **argv) {
     }
     lmc_error e;
     lmc_client *c;
-    lmc_client_options o = {.timeout_ms = 10000};
+    /* With LMC_SMOKE_CURVE_{SERVER,PUBLIC,SECRET} set (Z85 keys) the client speaks CURVE. */
+    lmc_client_options o = {.timeout_ms = 10000,
+                            .curve_server_key = getenv("LMC_SMOKE_CURVE_SERVER"),
+                            .curve_public_key = getenv("LMC_SMOKE_CURVE_PUBLIC"),
+                            .curve_secret_key = getenv("LMC_SMOKE_CURVE_SECRET")};
     if (lmc_client_connect(argv[1], atoi(argv[2]), &o, &c, &e) != LMC_OK) {
         printf("FAIL connect: %s\n", e.message);
         return 1;

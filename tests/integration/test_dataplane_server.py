@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dp_util import DPClient, ShmKV
+from dp_util import PROOF_PAGE, DPClient, ShmKV
 
 CHUNK = 64  # tokens per chunk in these tests (--chunk-size)
 
@@ -255,7 +255,7 @@ def test_reregister_after_the_engine_recreated_its_shm(dp):
         os.close(kv2.fd)
         kv2.name = name
         kv2.fd = os.open("/dev/shm" + name, os.O_CREAT | os.O_RDWR, 0o600)
-        os.ftruncate(kv2.fd, kv2.size)
+        os.ftruncate(kv2.fd, kv2.size + PROOF_PAGE)
         import mmap
         kv2.mem = mmap.mmap(kv2.fd, kv2.size)
         c.call("register_kv_cache", instance_id=1, model_name="m", **kv2.layout())

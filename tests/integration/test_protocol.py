@@ -16,6 +16,8 @@ import msgpack
 import pytest
 import zmq
 
+from dp_util import PROOF_PAGE, register
+
 CHUNK = 32  # --chunk-size of these servers
 TPB = 16    # tokens per engine block
 BPC = CHUNK // TPB
@@ -60,6 +62,12 @@ class Wire:
         assert reply["ok"], reply
         return reply
 
+    def reg(self, **payload):
+        """register_kv_cache, answering the proof-of-access challenge."""
+        reply = register(lambda op, p: self.raw(op, msgpack.packb(p)), payload)
+        assert reply["ok"], reply
+        return reply
+
     def err(self, op, code, **payload):
         reply = self.call(op, **payload)
         assert reply["ok"] is False and reply["code"] == code, reply
@@ -75,11 +83,11 @@ class Engine:
         self.size = LAYERS * 2 * blocks * self.bb
         self.name = "/lmc-proto-" + uuid.uuid4().hex[:12]
         self.fd = os.open("/dev/shm" + self.name, os.O_CREAT | os.O_RDWR, 0o600)
-        os.ftruncate(self.fd, self.size)
+        os.ftruncate(self.fd, self.size + PROOF_PAGE)
         self.mem = mmap.mmap(self.fd, self.size)
         self.instance = instance
-        wire.ok("register_kv_cache", instance_id=instance, model_name=MODEL, shm_name=self.name,
-                num_layers=LAYERS, num_blocks=blocks, tokens_per_block=TPB, bytes_per_token=BPT)
+        wire.reg(instance_id=instance, model_name=MODEL, shm_name=self.name,
+                 num_layers=LAYERS, num_blocks=blocks, tokens_per_block=TPB, bytes_per_token=BPT)
 
     def off(self, layer, k, block, token=0):
         return ((layer * 2 + k) * self.blocks + block) * self.bb + token * BPT
@@ -617,12 +625,12 @@ def test_reregistration_refreshes_or_replaces(srv):
     try:
         toks = prompt(20, 1)
         # the same layout again only refreshes
-        w.ok("register_kv_cache", instance_id=4, model_name=MODEL, shm_name=small.name,
-             num_layers=LAYERS, num_blocks=8, tokens_per_block=TPB, bytes_per_token=BPT)
+        w.reg(instance_id=4, model_name=MODEL, shm_name=small.name,
+              num_layers=LAYERS, num_blocks=8, tokens_per_block=TPB, bytes_per_token=BPT)
         w.err("store", "invalid_blocks", instance_id=4, token_ids=toks, block_ids=[14, 15])
         # another shm name and layout replaces the registration
-        w.ok("register_kv_cache", instance_id=4, model_name=MODEL, shm_name=big.name,
-             num_layers=LAYERS, num_blocks=16, tokens_per_block=TPB, bytes_per_token=BPT)
+        w.reg(instance_id=4, model_name=MODEL, shm_name=big.name,
+              num_layers=LAYERS, num_blocks=16, tokens_per_block=TPB, bytes_per_token=BPT)
         big.fill(20)
         assert w.ok("store", instance_id=4, token_ids=toks,
                     block_ids=[14, 15])["stored_chunks"] == 1

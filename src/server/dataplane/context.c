@@ -3,9 +3,13 @@
 #include "server/dataplane/context.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <setjmp.h>
 #include <signal.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,20 +86,188 @@ static int same_layout(const struct kv_layout *a, const struct kv_layout *b) {
            a->kv_count == b->kv_count && a->order == b->order;
 }
 
-int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, uint64_t now_ns, char *err,
-                   size_t errlen) {
+int kv_shm_name_check(const char *name, char *err, size_t errlen) {
+    size_t n = strlen(name);
+    if (n < 2 || n > KV_SHM_NAME_MAX + 1 || name[0] != '/') {
+        snprintf(err, errlen, "shm_name must be '/' followed by 1 to %d characters",
+                 KV_SHM_NAME_MAX);
+        return -1;
+    }
+    for (size_t i = 1; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-')) {
+            snprintf(err, errlen, "shm_name may only hold A-Z a-z 0-9 . _ - after its leading '/'");
+            return -1;
+        }
+    }
+    if (!strcmp(name, "/.") || !strcmp(name, "/..")) {
+        snprintf(err, errlen, "shm_name must not be \".\" or \"..\"");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- proof of access ---- */
+
+static unsigned char g_secret[32];
+static pthread_once_t g_secret_once = PTHREAD_ONCE_INIT;
+static int g_secret_ok;
+
+static void secret_init(void) { g_secret_ok = RAND_bytes(g_secret, sizeof(g_secret)) == 1; }
+
+#define PROOF_EPOCH_NS (60ull * 1000000000ull)
+
+/* The nonce of (peer, object) in one epoch: HMAC-SHA256 under a per-process secret, so the server
+ * keeps no state per challenge. */
+static int proof_nonce(const struct kv_auth *a, uint64_t dev, uint64_t ino, uint64_t epoch,
+                       unsigned char out[KV_PROOF_NONCE]) {
+    pthread_once(&g_secret_once, secret_init);
+    if (!g_secret_ok) return -1;
+    unsigned char msg[16 + 24 + KV_PEER_KEY];
+    memcpy(msg, "lmcache-proof-v1", 16);
+    memcpy(msg + 16, &epoch, 8);
+    memcpy(msg + 24, &dev, 8);
+    memcpy(msg + 32, &ino, 8);
+    memcpy(msg + 40, a->peer, KV_PEER_KEY);
+    unsigned int len = 0;
+    if (!HMAC(EVP_sha256(), g_secret, sizeof(g_secret), msg, sizeof(msg), out, &len) ||
+        len != KV_PROOF_NONCE)
+        return -1;
+    return 0;
+}
+
+static int owner_allowed(const struct kv_auth *a, uid_t owner) {
+    if (a->has_cred) return a->peer_uid == (uint32_t)owner || a->peer_uid == 0;
+    if (a->n_allowed_uids == 0) return owner == geteuid();
+    for (size_t i = 0; i < a->n_allowed_uids; i++)
+        if (a->allowed_uids[i] == (uint32_t)owner) return 1;
+    return 0;
+}
+
+/* Opens /dev/shm/<name> for the mapping, refusing (without blocking, and before reading or
+ * writing a byte) what is not a regular file or is owned by someone the peer may not use.
+ * Returns the descriptor with *st filled, or -1 with a message. */
+static int open_checked(const char *name, const struct kv_auth *a, struct stat *st, char *err,
+                        size_t errlen) {
+    int dfd = open(KV_SHM_DIR, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", KV_SHM_DIR, strerror(errno));
+        return -1;
+    }
+    const char *rel = name + 1;
+    struct stat pre;
+    if (fstatat(dfd, rel, &pre, AT_SYMLINK_NOFOLLOW) < 0) {
+        snprintf(err, errlen, "cannot open shared memory '%s': %s", name, strerror(errno));
+        close(dfd);
+        return -1;
+    }
+    if (!S_ISREG(pre.st_mode)) {
+        snprintf(err, errlen, "shared memory '%s' is not a regular file", name);
+        close(dfd);
+        return -1;
+    }
+    if (!owner_allowed(a, pre.st_uid)) {
+        snprintf(err, errlen,
+                 "shared memory '%s' is owned by uid %u, which this client may not use", name,
+                 (unsigned)pre.st_uid);
+        close(dfd);
+        return -1;
+    }
+    int fd = openat(dfd, rel, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    int saved = errno;
+    close(dfd);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open shared memory '%s': %s", name, strerror(saved));
+        return -1;
+    }
+    /* The checks again on what was opened: the name may have been replaced in between. */
+    if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode) || st->st_dev != pre.st_dev ||
+        st->st_ino != pre.st_ino || !owner_allowed(a, st->st_uid)) {
+        snprintf(err, errlen, "shared memory '%s' changed while it was opened", name);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* 1 when the proof page holds this peer's nonce of the current or the previous epoch; else 0
+ * with nonce set to the current one. */
+static int proof_ok(int fd, const struct kv_auth *a, const struct stat *st, uint64_t off,
+                    uint64_t now_ns, unsigned char nonce[KV_PROOF_NONCE]) {
+    uint64_t epoch = now_ns / PROOF_EPOCH_NS;
+    unsigned char prev[KV_PROOF_NONCE], got[KV_PROOF_NONCE];
+    if (proof_nonce(a, (uint64_t)st->st_dev, (uint64_t)st->st_ino, epoch, nonce) < 0) return -1;
+    if (proof_nonce(a, (uint64_t)st->st_dev, (uint64_t)st->st_ino, epoch - 1, prev) < 0) return -1;
+    ssize_t n = pread(fd, got, sizeof(got), (off_t)off);
+    if (n != (ssize_t)sizeof(got)) return 0;
+    return CRYPTO_memcmp(got, nonce, sizeof(got)) == 0 ||
+           CRYPTO_memcmp(got, prev, sizeof(got)) == 0;
+}
+
+static int is_owner(const struct kv_context *c, const unsigned char *peer) {
+    for (unsigned i = 0; i < c->nowners; i++)
+        if (!memcmp(c->owners[i], peer, KV_PEER_KEY)) return 1;
+    return 0;
+}
+
+/* Caller holds the registry lock (or owns c alone). The oldest owner makes room. */
+static void add_owner(struct kv_context *c, const unsigned char *peer) {
+    const unsigned cap = sizeof(c->owners) / sizeof(c->owners[0]);
+    if (is_owner(c, peer)) return;
+    if (c->nowners == cap) {
+        memmove(c->owners[0], c->owners[1], (cap - 1) * sizeof(c->owners[0]));
+        c->nowners--;
+    }
+    memcpy(c->owners[c->nowners++], peer, KV_PEER_KEY);
+}
+
+int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const struct kv_auth *auth,
+                   uint64_t now_ns, unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset,
+                   char *err, size_t errlen) {
+    if (kv_shm_name_check(tmpl->shm_name, err, errlen) < 0) return KV_REG_BAD_NAME;
+    if (auth->n_prefixes) {
+        size_t i = 0;
+        while (i < auth->n_prefixes &&
+               strncmp(tmpl->shm_name, auth->prefixes[i], strlen(auth->prefixes[i])))
+            i++;
+        if (i == auth->n_prefixes) {
+            snprintf(err, errlen, "shm_name '%s' does not start with an allowed prefix",
+                     tmpl->shm_name);
+            return -1;
+        }
+    }
+    uint64_t need = kv_layout_bytes(&tmpl->layout);
+    struct stat st;
+    int fd = open_checked(tmpl->shm_name, auth, &st, err, errlen);
+    if (fd < 0) return -1;
+    uint64_t want = need + (auth->need_proof ? KV_PROOF_PAGE : 0);
+    if ((uint64_t)st.st_size < want) {
+        snprintf(err, errlen, "shared memory '%s' holds %lld bytes, the layout needs %llu%s",
+                 tmpl->shm_name, (long long)st.st_size, (unsigned long long)want,
+                 auth->need_proof ? " (with the 4096-byte proof page)" : "");
+        close(fd);
+        return -1;
+    }
+    if (auth->need_proof) {
+        int ok = proof_ok(fd, auth, &st, need, now_ns, nonce);
+        if (ok <= 0) {
+            close(fd);
+            if (ok < 0) {
+                snprintf(err, errlen, "cannot compute the proof nonce");
+                return -1;
+            }
+            *proof_offset = need;
+            snprintf(err, errlen,
+                     "write the nonce at byte %llu of '%s' and register again to prove access",
+                     (unsigned long long)need, tmpl->shm_name);
+            return KV_REG_NEED_PROOF;
+        }
+    }
+
     /* Idempotent re-registration: the same shared-memory object (not only the same name: an
      * engine that restarted may have recreated it) and layout only refreshes liveness. */
-    uint64_t dev = 0, ino = 0;
-    int probe = shm_open(tmpl->shm_name, O_RDONLY, 0);
-    if (probe >= 0) {
-        struct stat pst;
-        if (fstat(probe, &pst) == 0) {
-            dev = (uint64_t)pst.st_dev;
-            ino = (uint64_t)pst.st_ino;
-        }
-        close(probe);
-    }
+    uint64_t dev = (uint64_t)st.st_dev, ino = (uint64_t)st.st_ino;
     pthread_mutex_lock(&r->lock);
     for (struct kv_context *c = r->head; c; c = c->next) {
         if (c->instance_id == tmpl->instance_id && !strcmp(c->shm_name, tmpl->shm_name) &&
@@ -103,7 +275,9 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, uint64_
             !strcmp(c->model_name, tmpl->model_name) && c->worker_id == tmpl->worker_id &&
             c->world_size == tmpl->world_size && same_layout(&c->layout, &tmpl->layout)) {
             atomic_store(&c->last_seen_ns, now_ns);
+            add_owner(c, auth->peer);
             pthread_mutex_unlock(&r->lock);
+            close(fd);
             return 0;
         }
     }
@@ -112,26 +286,15 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, uint64_
     struct kv_context *c = calloc(1, sizeof(*c));
     if (!c) {
         snprintf(err, errlen, "out of memory");
+        close(fd);
         return -1;
     }
     *c = *tmpl;
     c->base = NULL;
     c->next = NULL;
-    c->map_size = kv_layout_bytes(&c->layout);
-    int fd = shm_open(c->shm_name, O_RDWR, 0);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot open shared memory '%s': %s", c->shm_name, strerror(errno));
-        free(c);
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < c->map_size) {
-        snprintf(err, errlen, "shared memory '%s' holds %lld bytes, the layout needs %llu",
-                 c->shm_name, (long long)st.st_size, (unsigned long long)c->map_size);
-        close(fd);
-        free(c);
-        return -1;
-    }
+    c->map_size = need;
+    c->nowners = 0;
+    add_owner(c, auth->peer);
     /* Populated now, so the first store does not pay the page faults of the mapping. */
     c->shm_dev = (uint64_t)st.st_dev;
     c->shm_ino = (uint64_t)st.st_ino;
@@ -164,11 +327,12 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, uint64_
     return 0;
 }
 
-int kvreg_unregister(struct kv_registry *r, int64_t instance_id) {
+int kvreg_unregister(struct kv_registry *r, int64_t instance_id, const unsigned char *peer) {
     struct kv_context *found = NULL;
     pthread_mutex_lock(&r->lock);
     for (struct kv_context **pp = &r->head; *pp; pp = &(*pp)->next) {
         if ((*pp)->instance_id == instance_id) {
+            if (peer && !is_owner(*pp, peer)) break;
             found = *pp;
             *pp = found->next;
             r->count--;
@@ -181,10 +345,16 @@ int kvreg_unregister(struct kv_registry *r, int64_t instance_id) {
 }
 
 struct kv_context *kvreg_get(struct kv_registry *r, int64_t instance_id, uint64_t now_ns) {
+    return kvreg_get_for(r, instance_id, NULL, now_ns);
+}
+
+struct kv_context *kvreg_get_for(struct kv_registry *r, int64_t instance_id,
+                                 const unsigned char *peer, uint64_t now_ns) {
     struct kv_context *found = NULL;
     pthread_mutex_lock(&r->lock);
     for (struct kv_context *c = r->head; c; c = c->next) {
         if (c->instance_id == instance_id) {
+            if (peer && !is_owner(c, peer)) break;
             atomic_fetch_add(&c->refs, 1);
             atomic_store(&c->last_seen_ns, now_ns);
             found = c;

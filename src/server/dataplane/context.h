@@ -33,6 +33,10 @@ struct kv_context {
     _Atomic int refs;              /* the registry's reference + one per operation in flight */
     _Atomic uint64_t last_seen_ns; /* liveness: register, ping, store, retrieve */
     int pinged;                    /* ever pinged (reaping uses the longer grace otherwise) */
+    /* The connections that registered it (struct dp_peer keys, newest last; under the registry
+     * lock): only they may store, retrieve or unregister through it. */
+    unsigned char owners[8][32];
+    unsigned nowners;
     struct kv_context *next;
 };
 
@@ -53,14 +57,49 @@ uint64_t kv_layout_bytes(const struct kv_layout *l);
 /* Bytes of one L1 object (one chunk): kv_count * layers * chunk_size * bytes_per_token. */
 uint64_t kv_object_bytes(const struct kv_layout *l, uint32_t chunk_size);
 
-/* Registers (or refreshes, or replaces) instance c->instance_id: opens and maps c->shm_name.
- * On success the registry owns a copy. Returns 0, or -1 with a message (shm_error). */
-int kvreg_register(struct kv_registry *r, const struct kv_context *c, uint64_t now_ns, char *err,
-                   size_t errlen);
-/* Returns 0, or -1 when unknown. */
-int kvreg_unregister(struct kv_registry *r, int64_t instance_id);
+/* Bytes of the proof page an object carries after its layout when the client must prove write
+ * access (docs/protocol.md, "Proof of access"); the nonce is its first KV_PROOF_NONCE bytes. */
+#define KV_PROOF_PAGE   4096u
+#define KV_PROOF_NONCE  32u
+#define KV_PEER_KEY     32u
+#define KV_SHM_DIR      "/dev/shm" /* where glibc's shm_open keeps POSIX shared memory */
+#define KV_SHM_NAME_MAX 200
+
+/* Who asks to register, and the operator's policy (docs/security.md, dataplane-shm). */
+struct kv_auth {
+    int has_cred;                 /* the peer's SO_PEERCRED is known (ipc endpoint) */
+    uint32_t peer_uid;            /* valid with has_cred */
+    const uint32_t *allowed_uids; /* owners allowed for peers without credentials */
+    size_t n_allowed_uids;        /* 0: the daemon's effective uid only */
+    const char *const *prefixes;  /* allowed shm_name prefixes; none: any valid name */
+    size_t n_prefixes;
+    int need_proof;                  /* the client must write the nonce into the proof page */
+    unsigned char peer[KV_PEER_KEY]; /* the connection's identity: binds the nonce to it */
+};
+
+/* Outcomes of kvreg_register besides 0 (registered) and -1 (refused: shm_error). */
+#define KV_REG_BAD_NAME   (-2) /* shm_name is not a valid name: bad_request */
+#define KV_REG_NEED_PROOF 1    /* nonce and *proof_offset set: the client writes it and retries */
+
+/* 0 when name is "/" + 1..200 of [A-Za-z0-9._-], not "." or ".."; else -1 with a message. */
+int kv_shm_name_check(const char *name, char *err, size_t errlen);
+
+/* Registers (or refreshes, or replaces) instance c->instance_id. Before a byte of the object is
+ * read or written: the name is checked, the object is opened without following links or
+ * blocking, it must be a regular file of /dev/shm owned as auth allows and, with
+ * auth->need_proof, hold this peer's nonce in its proof page. Then it is mapped; on success the
+ * registry owns a copy. Returns 0, KV_REG_NEED_PROOF (nonce and *proof_offset filled),
+ * KV_REG_BAD_NAME, or -1, with a message. */
+int kvreg_register(struct kv_registry *r, const struct kv_context *c, const struct kv_auth *auth,
+                   uint64_t now_ns, unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset,
+                   char *err, size_t errlen);
+/* Returns 0, or -1 when unknown, or (peer not NULL) not registered by that connection. */
+int kvreg_unregister(struct kv_registry *r, int64_t instance_id, const unsigned char *peer);
 /* Takes a reference on a registered context (NULL when unknown) and refreshes its liveness. */
 struct kv_context *kvreg_get(struct kv_registry *r, int64_t instance_id, uint64_t now_ns);
+/* The same for a data-plane client: NULL as well when peer is not among the context's owners. */
+struct kv_context *kvreg_get_for(struct kv_registry *r, int64_t instance_id,
+                                 const unsigned char *peer, uint64_t now_ns);
 void kvreg_put(struct kv_context *c);
 /* ping: refreshes liveness; 0, or -1 when unknown. */
 int kvreg_ping(struct kv_registry *r, int64_t instance_id, uint64_t now_ns);

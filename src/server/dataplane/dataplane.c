@@ -20,12 +20,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "base/log.h"
 #include "base/metrics.h"
 #include "server/dataplane/context.h"
+#include "server/dataplane/curve.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
 
@@ -37,11 +41,13 @@ struct dp_req {
     zmq_msg_t id, rid, op, payload;
     struct worker *w; /* charged with cost; NULL for a request rejected by the loop */
     size_t cost;
+    void *sock; /* the socket it came from (tcp or ipc); the reply goes back there */
     struct dp_req *next;
 };
 
 struct dp_out {
     zmq_msg_t id, rid, op;
+    void *sock;
     char *body;
     size_t len;
     struct worker *w; /* charged with cost until the reply is handed to libzmq */
@@ -62,6 +68,8 @@ struct worker {
 struct dataplane {
     struct engine *e;
     void *zctx, *sock;
+    void *isock;        /* the --ipc-path socket, or NULL */
+    struct dp_zap *zap; /* the CURVE allow-list handler, or NULL */
     int efd;
     size_t max_msg;
     size_t budget; /* --worker-queue-mb in bytes */
@@ -116,6 +124,7 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     zmq_msg_move(&o->id, &req->id);
     zmq_msg_move(&o->rid, &req->rid);
     zmq_msg_move(&o->op, &req->op);
+    o->sock = req->sock;
     zmq_msg_close(&req->id);
     zmq_msg_close(&req->rid);
     zmq_msg_close(&req->op);
@@ -135,12 +144,69 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     (void)wr;
 }
 
+/* One decimal field of at most 10 digits in [s, e), below 2^32. */
+static int dec_field(const char *s, const char *e, uint64_t *out) {
+    if (e <= s || e - s > 10) return -1;
+    uint64_t v = 0;
+    for (; s < e; s++) {
+        if (*s < '0' || *s > '9') return -1;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    if (v > UINT32_MAX) return -1;
+    *out = v;
+    return 0;
+}
+
+int dataplane_parse_peercred(const char *addr, uint32_t *uid, uint32_t *gid, int32_t *pid) {
+    size_t n = strlen(addr), colon[3];
+    int found = 0;
+    for (size_t i = n; i > 0 && found < 3; i--)
+        if (addr[i - 1] == ':') colon[found++] = i - 1;
+    if (found < 3) return -1; /* colon[0] is the last one */
+    uint64_t u, g, p;
+    if (dec_field(addr + colon[2] + 1, addr + colon[1], &u) < 0 ||
+        dec_field(addr + colon[1] + 1, addr + colon[0], &g) < 0 ||
+        dec_field(addr + colon[0] + 1, addr + n, &p) < 0 || p > INT32_MAX)
+        return -1;
+    *uid = (uint32_t)u;
+    *gid = (uint32_t)g;
+    *pid = (int32_t)p;
+    return 0;
+}
+
+/* The peer of a request, from the properties libzmq attaches to its frames. */
+static void peer_of(struct dataplane *dp, struct dp_req *req, struct dp_peer *p) {
+    memset(p, 0, sizeof(*p));
+    int ipc = req->sock == dp->isock;
+    const char *addr = zmq_msg_gets(&req->rid, "Peer-Address");
+    const char *user = zmq_msg_gets(&req->rid, "User-Id");
+    if (ipc && addr && dataplane_parse_peercred(addr, &p->uid, &p->gid, &p->pid) == 0)
+        p->has_cred = 1;
+    EVP_MD_CTX *h = EVP_MD_CTX_new();
+    uint32_t n = (uint32_t)zmq_msg_size(&req->id);
+    unsigned char kind = ipc ? 'u' : 't';
+    int ok = h && EVP_DigestInit_ex(h, EVP_sha256(), NULL) && EVP_DigestUpdate(h, &kind, 1) &&
+             EVP_DigestUpdate(h, &n, sizeof(n)) && EVP_DigestUpdate(h, zmq_msg_data(&req->id), n);
+    n = addr ? (uint32_t)strlen(addr) : 0;
+    ok = ok && EVP_DigestUpdate(h, &n, sizeof(n)) && (!n || EVP_DigestUpdate(h, addr, n));
+    n = user ? (uint32_t)strlen(user) : 0;
+    ok = ok && EVP_DigestUpdate(h, &n, sizeof(n)) && (!n || EVP_DigestUpdate(h, user, n));
+    unsigned int len = 0;
+    if (!ok || !EVP_DigestFinal_ex(h, p->key, &len) || len != sizeof(p->key)) {
+        /* Without a key the peer cannot be told apart: a random one isolates its sessions. */
+        (void)RAND_bytes(p->key, sizeof(p->key));
+    }
+    EVP_MD_CTX_free(h);
+}
+
 /* Runs a request and queues its reply. */
 static void run(struct dataplane *dp, struct dp_req *req) {
     struct dp_reply r;
+    struct dp_peer peer;
     dp_reply_init(&r);
-    dataplane_handle(dp->e, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
-                     zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
+    peer_of(dp, req, &peer);
+    dataplane_handle_peer(dp->e, &peer, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
+                          zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
     size_t len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
     dp_reply_free(&r);
@@ -219,14 +285,14 @@ static void reject(struct dataplane *dp, struct dp_req *req, const char *code, c
 }
 
 /* Receives one whole multipart message. */
-static void receive_one(struct dataplane *dp) {
+static void receive_one(struct dataplane *dp, void *sock) {
     struct dp_req *req = calloc(1, sizeof(*req));
     if (!req) { /* out of memory: drop the message rather than spin on it; the client times out */
         int more = 1;
         for (int i = 0; more && i < 64; i++) {
             zmq_msg_t m;
             zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, dp->sock, ZMQ_DONTWAIT) < 0)
+            if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0)
                 more = 0;
             else
                 more = zmq_msg_more(&m);
@@ -234,13 +300,14 @@ static void receive_one(struct dataplane *dp) {
         }
         return;
     }
+    req->sock = sock;
     zmq_msg_t *slots[4] = {&req->id, &req->rid, &req->op, &req->payload};
     for (int i = 0; i < 4; i++) zmq_msg_init(slots[i]);
     int nframes = 0, more = 1;
     while (more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, dp->sock, nframes ? 0 : ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&m, sock, nframes ? 0 : ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&m);
             if (nframes == 0) {
                 for (int i = 0; i < 4; i++) zmq_msg_close(slots[i]);
@@ -294,10 +361,10 @@ static void send_replies(struct dataplane *dp) {
             zmq_msg_init(&body);
         }
         /* A vanished peer makes the send fail; the reply is then dropped. */
-        if (have && zmq_msg_send(&o->id, dp->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->rid, dp->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->op, dp->sock, ZMQ_SNDMORE) >= 0)
-            zmq_msg_send(&body, dp->sock, 0);
+        if (have && zmq_msg_send(&o->id, o->sock, ZMQ_SNDMORE) >= 0 &&
+            zmq_msg_send(&o->rid, o->sock, ZMQ_SNDMORE) >= 0 &&
+            zmq_msg_send(&o->op, o->sock, ZMQ_SNDMORE) >= 0)
+            zmq_msg_send(&body, o->sock, 0);
         zmq_msg_close(&body);
         zmq_msg_close(&o->id);
         zmq_msg_close(&o->rid);
@@ -311,30 +378,36 @@ static void send_replies(struct dataplane *dp) {
 static void *loop_main(void *arg) {
     struct dataplane *dp = arg;
     pthread_setname_np(pthread_self(), "dp-loop");
-    /* The eventfd first: while over budget only it is polled, and the socket is not read. */
-    zmq_pollitem_t items[2] = {{NULL, dp->efd, ZMQ_POLLIN, 0}, {dp->sock, 0, ZMQ_POLLIN, 0}};
+    /* The eventfd first: while over budget only it is polled, and no socket is read. */
+    zmq_pollitem_t items[3] = {{NULL, dp->efd, ZMQ_POLLIN, 0},
+                               {dp->sock, 0, ZMQ_POLLIN, 0},
+                               {dp->isock, 0, ZMQ_POLLIN, 0}};
+    int nsocks = dp->isock ? 2 : 1;
     int paused = 0;
     while (!atomic_load(&dp->stop)) {
         int over = over_budget(dp);
         if (over && !paused && dp->e->dpm.read_pauses) metric_inc(dp->e->dpm.read_pauses, 1);
         paused = over;
         int reading = !atomic_load(&dp->draining) && !over;
-        items[1].revents = 0;
-        int n = zmq_poll(items, reading ? 2 : 1, 100);
+        items[1].revents = items[2].revents = 0;
+        int n = zmq_poll(items, reading ? 1 + nsocks : 1, 100);
         if (n < 0) {
             if (errno == EINTR) continue;
             log_error(dp->lg, "zmq_poll: %s", zmq_strerror(errno));
             break;
         }
         if (items[0].revents & ZMQ_POLLIN) send_replies(dp);
-        if (reading && (items[1].revents & ZMQ_POLLIN))
+        for (int k = 1; reading && k <= nsocks; k++) {
+            if (!(items[k].revents & ZMQ_POLLIN)) continue;
             for (int i = 0; i < 64 && !over_budget(dp); i++) {
                 int ev = 0;
                 size_t len = sizeof(ev);
-                if (zmq_getsockopt(dp->sock, ZMQ_EVENTS, &ev, &len) < 0 || !(ev & ZMQ_POLLIN))
+                if (zmq_getsockopt(items[k].socket, ZMQ_EVENTS, &ev, &len) < 0 ||
+                    !(ev & ZMQ_POLLIN))
                     break;
-                receive_one(dp);
+                receive_one(dp, items[k].socket);
             }
+        }
     }
     send_replies(dp);
     return NULL;
@@ -364,12 +437,59 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         snprintf(errbuf, errlen, "cannot create the ZMQ context");
         goto fail;
     }
+    const struct server_config *cfg = e->cfg;
+    if (dataplane_check_shm_options(cfg, errbuf, errlen) < 0) goto fail;
     dp->sock = zmq_socket(dp->zctx, ZMQ_ROUTER);
     int64_t cap = (int64_t)max_message_bytes * 4;
     int linger = 0, rcvhwm = (int)e->cfg->zmq_rcvhwm;
     zmq_setsockopt(dp->sock, ZMQ_MAXMSGSIZE, &cap, sizeof(cap));
     zmq_setsockopt(dp->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(dp->sock, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm));
+    if (cfg->curve_secret_key_file && *cfg->curve_secret_key_file) {
+        /* CURVE: the handshake proves the server's key, encrypts, and the ZAP handler admits
+         * only the client keys of the allow-list. */
+        char sec[CURVE_Z85_LEN + 1], pub[CURVE_Z85_LEN + 1];
+        int one = 1;
+        if (!cfg->curve_allowed_clients || !*cfg->curve_allowed_clients) {
+            snprintf(errbuf, errlen, "--curve-secret-key-file needs --curve-allowed-clients");
+            goto fail;
+        }
+        if (curve_read_key(cfg->curve_secret_key_file, sec, errbuf, errlen) < 0) goto fail;
+        if (zmq_curve_public(pub, sec) != 0) {
+            snprintf(errbuf, errlen, "--curve-secret-key-file: %s", zmq_strerror(errno));
+            goto fail;
+        }
+        dp->zap = dp_zap_start(dp->zctx, cfg->curve_allowed_clients, errbuf, errlen);
+        if (!dp->zap) goto fail;
+        if (zmq_setsockopt(dp->sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
+            zmq_setsockopt(dp->sock, ZMQ_CURVE_SECRETKEY, sec, CURVE_Z85_LEN) < 0 ||
+            zmq_setsockopt(dp->sock, ZMQ_ZAP_DOMAIN, "lmcache", 7) < 0) {
+            snprintf(errbuf, errlen, "CURVE: %s", zmq_strerror(errno));
+            goto fail;
+        }
+        OPENSSL_cleanse(sec, sizeof(sec)); /* libzmq keeps its own copy */
+        log_info(dp->lg, "CURVE on the tcp data socket; server public key %s", pub);
+    }
+    if (cfg->ipc_path && *cfg->ipc_path) {
+        char iep[300];
+        if (snprintf(iep, sizeof(iep), "ipc://%s", cfg->ipc_path) >= (int)sizeof(iep)) {
+            snprintf(errbuf, errlen, "--ipc-path is too long");
+            goto fail;
+        }
+        dp->isock = zmq_socket(dp->zctx, ZMQ_ROUTER);
+        if (!dp->isock) {
+            snprintf(errbuf, errlen, "cannot create the ipc socket");
+            goto fail;
+        }
+        zmq_setsockopt(dp->isock, ZMQ_MAXMSGSIZE, &cap, sizeof(cap));
+        zmq_setsockopt(dp->isock, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_setsockopt(dp->isock, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm));
+        if (zmq_bind(dp->isock, iep) < 0) {
+            snprintf(errbuf, errlen, "cannot bind %s: %s", iep, zmq_strerror(errno));
+            goto fail;
+        }
+        log_info(dp->lg, "data socket also on %s", iep);
+    }
     /* libzmq binds interfaces and addresses, not host names: resolve (IPv4 first). */
     char addr[INET6_ADDRSTRLEN] = "";
     if (!strcmp(host, "*") || !strcmp(host, "0.0.0.0")) {
@@ -422,6 +542,8 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     return dp;
 fail:
     if (dp->sock) zmq_close(dp->sock);
+    if (dp->isock) zmq_close(dp->isock);
+    dp_zap_stop(dp->zap);
     if (dp->zctx) zmq_ctx_term(dp->zctx);
     if (dp->efd >= 0) close(dp->efd);
     free(dp);
@@ -462,6 +584,11 @@ void dataplane_stop(struct dataplane *dp) {
     int linger = 2000;
     zmq_setsockopt(dp->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_close(dp->sock);
+    if (dp->isock) {
+        zmq_setsockopt(dp->isock, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_close(dp->isock);
+    }
+    dp_zap_stop(dp->zap);
     zmq_ctx_term(dp->zctx);
     close(dp->efd);
     pthread_mutex_destroy(&dp->out_lock);

@@ -10,18 +10,40 @@ struct engine;
 struct server_config;
 struct dp_reply;
 struct dataplane;
+struct server_config;
 
-/* Binds tcp://host:port and starts the loop and `workers` worker threads. NULL with errbuf
- * filled when the socket cannot be bound. */
+/* Binds tcp://host:port (with CURVE when --curve-secret-key-file is set) and --ipc-path when
+ * set, and starts the loop and `workers` worker threads. NULL with errbuf filled when a socket
+ * cannot be bound or a key file cannot be read. */
 struct dataplane *dataplane_start(struct engine *e, const char *host, int port, int workers,
                                   size_t max_message_bytes, char *errbuf, size_t errlen);
+/* Checks the shared-memory options (--shm-allowed-uids, --shm-name-prefixes); 0, or -1 with a
+ * message. dataplane_start calls it. */
+int dataplane_check_shm_options(const struct server_config *cfg, char *err, size_t errlen);
 /* Stops accepting, finishes requests in flight, closes the socket, joins the threads. */
 void dataplane_stop(struct dataplane *dp);
+
+/* Who sent a request: the key of its connection (SHA-256 over the ZMQ routing identity, the
+ * endpoint, libzmq's Peer-Address and, with CURVE, the client's public key), and on the ipc
+ * endpoint the peer's SO_PEERCRED. Sessions and proof nonces are bound to the key. */
+struct dp_peer {
+    uint8_t key[32];
+    int has_cred;
+    uint32_t uid, gid;
+    int32_t pid;
+};
+
+/* Parses the ":uid:gid:pid" that libzmq appends (SO_PEERCRED) to the Peer-Address of a Unix
+ * socket's connection. 0, or -1 when addr does not end that way. */
+int dataplane_parse_peercred(const char *addr, uint32_t *uid, uint32_t *gid, int32_t *pid);
 
 /* Executes one request (decode, dispatch, reply map) without the socket: the workers call it,
  * and so do the fuzz driver and unit tests. The reply is always complete. */
 void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
                       size_t len, struct dp_reply *reply);
+/* The same for a given peer (NULL: an anonymous tcp peer, as dataplane_handle). */
+void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const char *op,
+                           size_t oplen, const void *payload, size_t len, struct dp_reply *reply);
 
 /* Largest reply a request may build: --max-reply-mb, or --max-message-mb when that is 0. */
 uint64_t dp_max_reply_bytes(const struct server_config *cfg);

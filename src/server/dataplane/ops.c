@@ -23,7 +23,14 @@ struct op_ctx {
     struct dp_reply *r;
     struct dp_err *err;
     uint64_t now;
+    const struct dp_peer *peer; /* NULL: an anonymous tcp peer */
 };
+
+/* The key sessions are bound to: the connection's (all zero for an anonymous peer). */
+static const uint8_t *owner_of(const struct op_ctx *o) {
+    static const uint8_t anonymous[SESSION_OWNER];
+    return o->peer ? o->peer->key : anonymous;
+}
 
 /* ---- chunk fields: token_ids | chunk_hashes, start, end, cache_salt ---- */
 
@@ -257,6 +264,86 @@ static int parse_model(struct op_ctx *o, char *model, size_t cap) {
 
 /* ---- registration ---- */
 
+/* Parses a list option of uids; -1 when an entry is not one. */
+static int parse_uids(json_t *list, uint32_t *out, size_t cap, size_t *n) {
+    size_t i;
+    json_t *v;
+    *n = 0;
+    json_array_foreach(list, i, v) {
+        const char *str = json_string_value(v);
+        char *end;
+        if (!str || !*str || *n >= cap) return -1;
+        unsigned long u = strtoul(str, &end, 10);
+        if (*end || u > UINT32_MAX - 1) return -1;
+        out[(*n)++] = (uint32_t)u;
+    }
+    return 0;
+}
+
+int dataplane_check_shm_options(const struct server_config *cfg, char *err, size_t errlen) {
+    uint32_t uids[64];
+    size_t n;
+    if (cfg->shm_allowed_uids && parse_uids(cfg->shm_allowed_uids, uids, 64, &n) < 0) {
+        snprintf(err, errlen, "--shm-allowed-uids: at most 64 numeric uids");
+        return -1;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(cfg->shm_name_prefixes, i, v) {
+        const char *pfx = json_string_value(v);
+        if (!pfx || pfx[0] != '/' || strchr(pfx + 1, '/') || i >= 64) {
+            snprintf(err, errlen, "--shm-name-prefixes: at most 64 prefixes, each '/' + name");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The checks of docs/security.md (shared-memory authorization) around kvreg_register: the
+ * operator's policy, the peer's credentials, and the proof-of-access round trip. */
+static int register_checked(struct op_ctx *o, const struct kv_context *c) {
+    const struct server_config *cfg = o->e->cfg;
+    struct kv_auth a;
+    uint32_t uids[64];
+    const char *prefixes[64];
+    memset(&a, 0, sizeof(a));
+    if (o->peer && o->peer->has_cred) {
+        a.has_cred = 1;
+        a.peer_uid = o->peer->uid;
+    }
+    if (cfg->shm_allowed_uids && parse_uids(cfg->shm_allowed_uids, uids, 64, &a.n_allowed_uids) < 0)
+        a.n_allowed_uids = 0; /* checked at start-up */
+    a.allowed_uids = uids;
+    size_t i;
+    json_t *v;
+    json_array_foreach(cfg->shm_name_prefixes, i, v) {
+        if (a.n_prefixes < 64 && json_string_value(v))
+            prefixes[a.n_prefixes++] = json_string_value(v);
+    }
+    a.prefixes = prefixes;
+    a.need_proof =
+        !strcmp(cfg->shm_proof, "always") || (!strcmp(cfg->shm_proof, "tcp") && !a.has_cred);
+    memcpy(a.peer, owner_of(o), KV_PEER_KEY);
+    unsigned char nonce[KV_PROOF_NONCE];
+    uint64_t off = 0;
+    int rc = kvreg_register(&o->e->contexts, c, &a, o->now, nonce, &off, o->err->message,
+                            sizeof(o->err->message));
+    if (rc == 0) return 0;
+    if (rc == KV_REG_NEED_PROOF) {
+        o->err->code = DP_PROOF_REQUIRED;
+        dp_key(o->r, "nonce");
+        msgpack_pack_bin(&o->r->pk, KV_PROOF_NONCE);
+        msgpack_pack_bin_body(&o->r->pk, nonce, KV_PROOF_NONCE);
+        dp_put_int(o->r, "proof_offset", (int64_t)off);
+        return -1;
+    }
+    o->err->code = rc == KV_REG_BAD_NAME ? DP_BAD_REQUEST : DP_SHM_ERROR;
+    if (rc != KV_REG_BAD_NAME)
+        log_warn(o->e->lg_dp, "register_kv_cache of instance %lld refused: %s",
+                 (long long)c->instance_id, o->err->message);
+    return -1;
+}
+
 static int op_register(struct op_ctx *o) {
     struct kv_context c;
     memset(&c, 0, sizeof(c));
@@ -303,10 +390,7 @@ static int op_register(struct op_ctx *o) {
         o->err->code = DP_BAD_REQUEST;
         return -1;
     }
-    if (kvreg_register(&o->e->contexts, &c, o->now, o->err->message, sizeof(o->err->message)) < 0) {
-        o->err->code = DP_SHM_ERROR;
-        return -1;
-    }
+    if (register_checked(o, &c) < 0) return -1;
     log_info(o->e->lg_dp, "registered KV cache of instance %lld (%s, rank %u/%u, shm %s)",
              (long long)c.instance_id, c.model_name, c.worker_id, c.world_size, c.shm_name);
     return 0;
@@ -315,7 +399,7 @@ static int op_register(struct op_ctx *o) {
 static int op_unregister(struct op_ctx *o) {
     int64_t id;
     if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &id, o->err) < 0) return -1;
-    if (kvreg_unregister(&o->e->contexts, id) < 0) {
+    if (kvreg_unregister(&o->e->contexts, id, owner_of(o)) < 0) {
         dp_fail(o->err, DP_NOT_REGISTERED, "instance_id %lld is not registered", (long long)id);
         return -1;
     }
@@ -325,7 +409,8 @@ static int op_unregister(struct op_ctx *o) {
 static struct kv_context *get_context(struct op_ctx *o) {
     int64_t id;
     if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &id, o->err) < 0) return NULL;
-    struct kv_context *c = kvreg_get(&o->e->contexts, id, o->now);
+    /* Only the connections that registered the instance use it; to others it is unknown. */
+    struct kv_context *c = kvreg_get_for(&o->e->contexts, id, owner_of(o), o->now);
     if (!c) dp_fail(o->err, DP_NOT_REGISTERED, "instance_id %lld is not registered", (long long)id);
     return c;
 }
@@ -495,7 +580,7 @@ static int read_chunk(struct op_ctx *o, const char *rid, const struct l1_key *ke
     if (*rid) {
         /* Only the very object the lookup locked: a retrieve naming another salt, model or
          * prompt must not read (or release) someone else's object. */
-        if (!session_take_lock(&o->e->sessions, rid, ch, rank, key)) return -1;
+        if (!session_take_lock(&o->e->sessions, owner_of(o), rid, ch, rank, key)) return -1;
         if (l1_read_locked(o->e->l1, key, o->now, ref) == L1_OK) return 0;
         l1_finish_read(o->e->l1, key, 1, o->now);
         return -1;
@@ -708,6 +793,7 @@ static void release_locks(const struct l1_key *key, uint32_t locks, void *arg) {
 struct prefetch_ticket {
     struct engine *e;
     char rid[SESSION_ID_MAX + 1];
+    uint8_t owner[SESSION_OWNER];
     uint64_t gen;
     uint32_t readers;
     size_t n;
@@ -737,6 +823,7 @@ static struct prefetch_ticket *prefetch_ticket_new(struct op_ctx *o, const struc
     }
     tk->e = o->e;
     snprintf(tk->rid, sizeof(tk->rid), "%s", s->id);
+    memcpy(tk->owner, s->owner, SESSION_OWNER);
     snprintf(tk->model, sizeof(tk->model), "%s", model);
     snprintf(tk->salt, sizeof(tk->salt), "%s", cr->salt);
     tk->gen = s->gen;
@@ -757,7 +844,7 @@ static struct prefetch_ticket *prefetch_ticket_new(struct op_ctx *o, const struc
 static void prefetch_done(void *arg, const struct l2ctl_prefetch_result *r) {
     struct prefetch_ticket *tk = arg;
     struct engine *e = tk->e;
-    session_prefetch_done(&e->sessions, tk->rid, tk->gen, tk->l1keys, r->ready, r->total,
+    session_prefetch_done(&e->sessions, tk->owner, tk->rid, tk->gen, tk->l1keys, r->ready, r->total,
                           tk->readers, release_locks, e);
     const char *labels[] = {tk->model, tk->salt};
     /* Keys loaded from L2, in tokens (one key per rank and chunk). */
@@ -798,6 +885,7 @@ static int op_lookup(struct op_ctx *o) {
         return -1;
     }
     snprintf(s->id, sizeof(s->id), "%s", rid);
+    memcpy(s->owner, owner_of(o), SESSION_OWNER);
     s->start_chunk = cr.start_chunk;
     s->nchunks = nch;
     s->world_size = (uint32_t)ws;
@@ -849,7 +937,8 @@ static int op_lookup(struct op_ctx *o) {
     if (tk) {
         uint64_t gen = tk->gen;
         if (prefetch_ticket_submit(o->e, tk) < 0) /* L2 is shutting down: answer with L1 hits */
-            session_prefetch_done(&o->e->sessions, rid, gen, NULL, NULL, 0, 0, release_locks, o->e);
+            session_prefetch_done(&o->e->sessions, owner_of(o), rid, gen, NULL, NULL, 0, 0,
+                                  release_locks, o->e);
     }
     range_free(&cr);
     return 0;
@@ -859,7 +948,7 @@ static int op_query_prefetch(struct op_ctx *o) {
     char rid[SESSION_ID_MAX + 1];
     if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
     uint32_t hits = 0;
-    int ready = session_query(&o->e->sessions, rid, &hits);
+    int ready = session_query(&o->e->sessions, owner_of(o), rid, &hits);
     dp_put_bool(o->r, "ready", ready);
     if (ready) dp_put_int(o->r, "hit_chunks", hits);
     return 0;
@@ -875,7 +964,7 @@ static int op_free_lookup_locks(struct op_ctx *o) {
     uint64_t cs = (uint64_t)o->e->cfg->chunk_size;
     uint64_t from = (uint64_t)start / cs, to = ((uint64_t)end + cs - 1) / cs;
     uint64_t n = session_release_range(
-        &o->e->sessions, rid, from > UINT32_MAX ? UINT32_MAX : (uint32_t)from,
+        &o->e->sessions, owner_of(o), rid, from > UINT32_MAX ? UINT32_MAX : (uint32_t)from,
         to > UINT32_MAX ? UINT32_MAX : (uint32_t)to, worker, release_locks, o->e);
     dp_put_int(o->r, "released", (int64_t)n);
     return 0;
@@ -884,7 +973,7 @@ static int op_free_lookup_locks(struct op_ctx *o) {
 static int op_end_session(struct op_ctx *o) {
     char rid[SESSION_ID_MAX + 1];
     if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
-    struct session *s = session_remove(&o->e->sessions, rid);
+    struct session *s = session_remove(&o->e->sessions, owner_of(o), rid);
     if (s) dataplane_session_release(o->e, s, 1);
     return 0;
 }
@@ -939,6 +1028,11 @@ static const struct dp_op {
 
 void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
                       size_t len, struct dp_reply *reply) {
+    dataplane_handle_peer(e, NULL, op, oplen, payload, len, reply);
+}
+
+void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const char *op,
+                           size_t oplen, const void *payload, size_t len, struct dp_reply *reply) {
     struct dp_err err = {NULL, ""};
     const struct dp_op *d = NULL;
     for (size_t i = 0; i < sizeof(OPS) / sizeof(OPS[0]); i++)
@@ -962,7 +1056,7 @@ void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void
         msgpack_unpacked_init(&up);
         struct dp_map m;
         if (dp_decode(payload, len, &up, &m, &err) == 0) {
-            struct op_ctx o = {e, &m, reply, &err, clock_mono_ns()};
+            struct op_ctx o = {e, &m, reply, &err, clock_mono_ns(), peer};
             ok = d->fn(&o) == 0;
         }
         msgpack_unpacked_destroy(&up);

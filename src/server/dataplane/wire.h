@@ -16,6 +16,7 @@
 #define DP_NOT_FOUND         "not_found"
 #define DP_OUT_OF_MEMORY     "out_of_memory"
 #define DP_SHM_ERROR         "shm_error"
+#define DP_PROOF_REQUIRED    "proof_required"
 #define DP_INTERNAL          "internal"
 #define DP_TOO_MANY_NAMES    "too_many_names"
 

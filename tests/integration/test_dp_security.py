@@ -1,0 +1,442 @@
+"""Data-socket security: shared-memory registration (name checks, no links, no FIFOs or
+directories, owner checks, proof of access, the name-prefix allow-list, peer credentials on the
+ipc endpoint), lookup sessions bound to their connection, and CURVE with a client allow-list."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+
+import msgpack
+import pytest
+import zmq
+
+from conftest import free_port
+from dp_util import PROOF_PAGE, DPClient, ShmKV, register, write_proof
+
+BIN = os.environ.get("LMCACHE_BIN", "build/lmcache")
+BUILD = os.environ.get("LMCACHE_BUILD_DIR", "build")
+CHUNK = 32
+NOBODY = 65534
+LAYOUT = dict(num_layers=2, num_blocks=64, tokens_per_block=16, bytes_per_token=64, kv_count=2)
+LAYOUT_BYTES = 2 * 2 * 64 * 16 * 64
+
+
+@pytest.fixture
+def dp(make_server):
+    clients = []
+
+    def make(*args, **kw):
+        s = make_server(args=["--chunk-size", str(CHUNK)] + list(args), **kw)
+        c = DPClient(s.zmq_port, timeout_ms=10000)
+        clients.append(c)
+        return s, c
+
+    yield make
+    for c in clients:
+        c.close()
+
+
+def shm_object(size=LAYOUT_BYTES + PROOF_PAGE, owner=None, mode=0o600, fill=b"S"):
+    """A /dev/shm object holding `fill` bytes; returns (name, path)."""
+    name = "/lmc-sec-" + uuid.uuid4().hex[:12]
+    path = "/dev/shm" + name
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode)
+    try:
+        os.write(fd, fill * size)
+        if owner is not None:
+            os.fchown(fd, owner, owner)
+    finally:
+        os.close(fd)
+    return name, path
+
+
+def reg(c, name, instance=1, **kw):
+    return c.raw("register_kv_cache", dict(instance_id=instance, model_name="m", shm_name=name,
+                                           **dict(LAYOUT, **kw)))
+
+
+def prompt(n, seed):
+    return [(seed * 7919 + i) % 50000 for i in range(n * CHUNK)]
+
+
+def assert_unregistered(c, instance=1):
+    r = c.raw("store", dict(instance_id=instance, token_ids=prompt(1, 1), block_ids=[0, 1]))
+    assert r["code"] == "not_registered", r
+
+
+# ---- shared memory ----------------------------------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create another uid's object")
+
+
+@needs_root
+def test_foreign_object_is_refused_untouched(dp):
+    """An object owned by another uid (mode 0600) cannot be registered over tcp: not one byte is
+    read or written, and no store or retrieve reaches it."""
+    _, c = dp()
+    name, path = shm_object(owner=NOBODY)
+    try:
+        before = os.stat(path)
+        for _ in range(2):  # a proof attempt changes nothing either
+            r = reg(c, name)
+            assert r["ok"] is False and r["code"] == "shm_error", r
+            assert "uid 65534" in r["message"]
+        assert_unregistered(c)
+        r = c.raw("retrieve", dict(instance_id=1, token_ids=prompt(1, 1), block_ids=[0, 1]))
+        assert r["code"] == "not_registered"
+        with open(path, "rb") as f:
+            assert f.read() == b"S" * (LAYOUT_BYTES + PROOF_PAGE)
+        after = os.stat(path)
+        assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
+    finally:
+        os.unlink(path)
+
+
+@needs_root
+def test_allowed_uids_admit_another_owner(dp):
+    _, c = dp("--shm-allowed-uids", str(NOBODY))
+    name, path = shm_object(owner=NOBODY)
+    mine, mpath = shm_object()
+    try:
+        assert register(c.raw, dict(instance_id=1, model_name="m", shm_name=name, **LAYOUT))["ok"]
+        # the daemon's own uid is no longer implied once the list is given
+        assert reg(c, mine, instance=2)["code"] == "shm_error"
+    finally:
+        os.unlink(path)
+        os.unlink(mpath)
+
+
+def test_symlink_is_refused(dp):
+    _, c = dp()
+    target, tpath = shm_object()
+    link = "/lmc-sec-link-" + uuid.uuid4().hex[:8]
+    os.symlink(tpath, "/dev/shm" + link)
+    try:
+        r = reg(c, link)
+        assert r["code"] == "shm_error" and "regular file" in r["message"], r
+        assert_unregistered(c)
+    finally:
+        os.unlink("/dev/shm" + link)
+        os.unlink(tpath)
+
+
+def test_directory_is_refused(dp):
+    _, c = dp()
+    name = "/lmc-sec-dir-" + uuid.uuid4().hex[:8]
+    os.mkdir("/dev/shm" + name)
+    try:
+        r = reg(c, name)
+        assert r["code"] == "shm_error" and "regular file" in r["message"], r
+    finally:
+        os.rmdir("/dev/shm" + name)
+
+
+def test_fifo_is_refused_without_blocking(dp):
+    """Regression: opening a FIFO parked the worker forever and SIGTERM no longer stopped the
+    daemon. Now the reply comes at once and the daemon exits 0."""
+    s, c = dp()
+    name = "/lmc-sec-fifo-" + uuid.uuid4().hex[:8]
+    os.mkfifo("/dev/shm" + name, 0o600)
+    try:
+        r = reg(c, name)  # the client's 10 s receive timeout bounds the wait
+        assert r["code"] == "shm_error" and "regular file" in r["message"], r
+        assert c.call("noop")["result"] == "OK"
+        assert s.stop(signal.SIGTERM) == 0, s.output()
+    finally:
+        os.unlink("/dev/shm" + name)
+
+
+@pytest.mark.parametrize("name", ["x", "/", "/a/b", "/.", "/..", "/../etc/passwd", "/a b",
+                                  "/" + "a" * 201, "/caf\u00e9"])
+def test_invalid_names_are_bad_request(dp, name):
+    _, c = dp()
+    r = reg(c, name)
+    assert r["code"] == "bad_request" and "shm_name" in r["message"], r
+
+
+def test_name_prefixes(dp):
+    _, c = dp("--shm-name-prefixes", "/lmc-ok-", "/other-")
+    good = "/lmc-ok-" + uuid.uuid4().hex[:8]
+    name, path = shm_object()
+    os.rename(path, "/dev/shm" + good)
+    try:
+        assert register(c.raw, dict(instance_id=1, model_name="m", shm_name=good, **LAYOUT))["ok"]
+        other, opath = shm_object()
+        try:
+            r = reg(c, other, instance=2)
+            assert r["code"] == "shm_error" and "prefix" in r["message"], r
+        finally:
+            os.unlink(opath)
+    finally:
+        os.unlink("/dev/shm" + good)
+
+
+def test_proof_of_access_is_required_over_tcp(dp):
+    _, c = dp()
+    name, path = shm_object(fill=b"\0")
+    try:
+        r = reg(c, name)
+        assert r["code"] == "proof_required", r
+        assert len(r["nonce"]) == 32 and r["proof_offset"] == LAYOUT_BYTES
+        # asking again without writing changes nothing; a wrong nonce does not pass
+        assert reg(c, name)["code"] == "proof_required"
+        fd = os.open(path, os.O_RDWR)
+        os.pwrite(fd, bytes(32), LAYOUT_BYTES)
+        os.close(fd)
+        assert reg(c, name)["code"] == "proof_required"
+        write_proof(r, name)
+        assert reg(c, name)["ok"]
+    finally:
+        os.unlink(path)
+
+
+def test_object_without_proof_page_is_refused(dp):
+    _, c = dp()
+    name, path = shm_object(size=LAYOUT_BYTES)
+    try:
+        r = reg(c, name)
+        assert r["code"] == "shm_error" and "proof page" in r["message"], r
+    finally:
+        os.unlink(path)
+
+
+def test_another_connections_proof_does_not_count(dp):
+    """An engine proves access to its own object; a second connection that cannot write the
+    object is still asked for its own nonce and stays unregistered."""
+    s, victim = dp()
+    kv = ShmKV()
+    attacker = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        victim.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())
+        r = attacker.raw("register_kv_cache",
+                         dict(instance_id=2, model_name="m", **kv.layout()))
+        assert r["code"] == "proof_required", r
+        # the victim's nonce (still in the page) is not the attacker's
+        r2 = attacker.raw("register_kv_cache", dict(instance_id=2, model_name="m", **kv.layout()))
+        assert r2["code"] == "proof_required" and r2["nonce"] == r["nonce"]
+        assert_unregistered(attacker, instance=2)
+    finally:
+        attacker.close()
+        kv.close()
+
+
+def test_registration_belongs_to_its_connection(dp):
+    """Another connection cannot gather a registered engine's blocks into the cache (to read them
+    with retrieve_bytes), scatter into them, or unregister them: the instance is unknown to it."""
+    s, engine = dp()
+    kv = ShmKV()
+    other = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        engine.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())
+        kv.fill_blocks([0, 1], "SECRET")
+        toks = prompt(1, 9)
+        for op in ("store", "retrieve"):
+            r = other.raw(op, dict(instance_id=1, token_ids=toks, block_ids=[0, 1]))
+            assert r["code"] == "not_registered", r
+        assert other.raw("unregister_kv_cache", dict(instance_id=1))["code"] == "not_registered"
+        assert other.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == []
+        # the engine itself still can
+        assert engine.call("store", instance_id=1, token_ids=toks, block_ids=[0, 1])["ok"]
+        engine.call("unregister_kv_cache", instance_id=1)
+    finally:
+        other.close()
+        kv.close()
+
+
+def test_proof_can_be_turned_off(dp):
+    _, c = dp("--shm-proof", "never")
+    name, path = shm_object(size=LAYOUT_BYTES)
+    try:
+        assert reg(c, name)["ok"]
+    finally:
+        os.unlink(path)
+
+
+# ---- the ipc endpoint: peer credentials ---------------------------------------------------------
+
+IPC_CLIENT = textwrap.dedent("""
+    import json, sys, msgpack, zmq
+    ep, payload = sys.argv[1], json.loads(sys.argv[2])
+    s = zmq.Context().socket(zmq.DEALER)
+    s.setsockopt(zmq.RCVTIMEO, 10000)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(ep)
+    s.send_multipart([b"1", b"register_kv_cache", msgpack.packb(payload)])
+    print(json.dumps(msgpack.unpackb(s.recv_multipart()[2], raw=False)))
+""")
+
+
+def ipc_register(ep, name, uid):
+    payload = dict(instance_id=5, model_name="m", shm_name=name, **LAYOUT)
+    r = subprocess.run([sys.executable, "-c", IPC_CLIENT, ep, __import__("json").dumps(payload)],
+                       user=uid, group=uid, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return __import__("json").loads(r.stdout)
+
+
+@pytest.fixture
+def ipc_dir():
+    d = tempfile.mkdtemp(prefix="lmc-ipc-")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_root
+def test_ipc_peer_must_own_the_object(dp, ipc_dir):
+    sock = os.path.join(ipc_dir, "dp.sock")
+    s, _ = dp("--ipc-path", sock)
+    os.chmod(sock, 0o666)
+    ep = "ipc://" + sock
+    mine, mpath = shm_object(size=LAYOUT_BYTES, owner=NOBODY)  # no proof page needed over ipc
+    root, rpath = shm_object(size=LAYOUT_BYTES)
+    try:
+        r = ipc_register(ep, root, NOBODY)
+        assert r["code"] == "shm_error" and "uid 0" in r["message"], r
+        assert ipc_register(ep, mine, NOBODY)["ok"]
+        # a root peer may register what it could open anyway
+        c = DPClient(ep, timeout_ms=10000)
+        try:
+            assert c.raw("register_kv_cache", dict(instance_id=6, model_name="m", shm_name=mine,
+                                                   **LAYOUT))["ok"]
+        finally:
+            c.close()
+    finally:
+        os.unlink(mpath)
+        os.unlink(rpath)
+
+
+def test_ipc_needs_no_proof_unless_always(dp, ipc_dir):
+    sock = os.path.join(ipc_dir, "dp.sock")
+    for mode, proof in (("tcp", False), ("always", True)):
+        s, _ = dp("--ipc-path", sock, "--shm-proof", mode)
+        c = DPClient("ipc://" + sock, timeout_ms=10000)
+        name, path = shm_object()
+        try:
+            r = reg(c, name)
+            assert (r.get("code") == "proof_required") == proof and r["ok"] is not proof, r
+            if proof:
+                write_proof(r, name)
+                assert reg(c, name)["ok"]
+        finally:
+            c.close()
+            os.unlink(path)
+            assert s.stop() == 0
+
+
+# ---- lookup sessions ----------------------------------------------------------------------------
+
+def test_sessions_belong_to_their_connection(dp):
+    s, a = dp()
+    b = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        toks = prompt(2, 3)
+        a.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"x" * 100, b"y" * 100])
+        a.call("lookup", request_id="req-1", model_name="m", token_ids=toks, num_kv_readers=2)
+        # another connection sees an unknown id: nothing to query, consume, free or end
+        assert b.call("query_prefetch_status", request_id="req-1") == {
+            "ok": True, "ready": True, "hit_chunks": 0}
+        r = b.call("retrieve_bytes", model_name="m", token_ids=toks, request_id="req-1")
+        assert r["chunks"] == []
+        assert b.call("free_lookup_locks", request_id="req-1")["released"] == 0
+        assert b.call("end_session", request_id="req-1")["ok"]
+        # the same request id from the other connection is a session of its own
+        b.call("lookup", request_id="req-1", model_name="m", token_ids=toks)
+        assert b.call("query_prefetch_status", request_id="req-1")["hit_chunks"] == 2
+        # the owner's session is intact
+        st = a.call("query_prefetch_status", request_id="req-1")
+        assert st["ready"] and st["hit_chunks"] == 2
+        r = a.call("retrieve_bytes", model_name="m", token_ids=toks, request_id="req-1")
+        assert r["chunks"] == [b"x" * 100, b"y" * 100]
+        assert a.call("free_lookup_locks", request_id="req-1")["released"] == 2
+        a.call("end_session", request_id="req-1")
+        b.call("end_session", request_id="req-1")
+    finally:
+        b.close()
+
+
+# ---- CURVE --------------------------------------------------------------------------------------
+
+def keygen(prefix):
+    r = subprocess.run([BIN, "curve-keygen", prefix], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    pub = open(prefix + ".pub").read().strip()
+    sec = [ln for ln in open(prefix + ".key").read().splitlines() if not ln.startswith("#")][0]
+    assert r.stdout.strip() == pub and len(pub) == 40 and len(sec) == 40
+    assert os.stat(prefix + ".key").st_mode & 0o777 == 0o600
+    return pub.encode(), sec.encode()
+
+
+@pytest.fixture
+def curve(make_server, tmp_path):
+    spub, _ = keygen(str(tmp_path / "server"))
+    allowed = tmp_path / "clients"
+    allowed.mkdir()
+    cpub, csec = keygen(str(allowed / "engine"))
+    os.unlink(str(allowed / "engine.key"))
+    s = make_server(args=["--curve-secret-key-file", str(tmp_path / "server.key"),
+                          "--curve-allowed-clients", str(allowed)])
+    return s, spub, cpub, csec
+
+
+def test_curve_admits_only_allowed_keys(curve):
+    s, spub, cpub, csec = curve
+    ok = DPClient(s.zmq_port, timeout_ms=10000, curve=(spub, cpub, csec))
+    assert ok.call("noop")["result"] == "OK"
+    ok.close()
+    upub, usec = zmq.curve_keypair()
+    for cv in [(spub, upub, usec), None]:  # an unknown key, then a plaintext client
+        c = DPClient(s.zmq_port, timeout_ms=1500, curve=cv)
+        try:
+            c.sock.send_multipart([b"1", b"noop", msgpack.packb({})])
+            with pytest.raises(zmq.Again):
+                c.sock.recv_multipart()
+        finally:
+            c.close()
+    assert "is not allowed" in s.output()
+
+
+def test_curve_c_client(curve):
+    s, spub, cpub, csec = curve
+    exe = os.path.join(BUILD, "lmcache_client_smoke")
+    env = dict(os.environ, LMC_SMOKE_CURVE_SERVER=spub.decode(),
+               LMC_SMOKE_CURVE_PUBLIC=cpub.decode(), LMC_SMOKE_CURVE_SECRET=csec.decode())
+    r = subprocess.run([exe, "127.0.0.1", str(s.zmq_port)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+def test_curve_needs_an_allow_list(tmp_path):
+    keygen(str(tmp_path / "server"))
+    r = subprocess.run([BIN, "server", "--l1-size-gb", "0.01", "--eviction-policy", "LRU",
+                        "--host", "127.0.0.1", "--port", str(free_port()),
+                        "--http-host", "127.0.0.1", "--http-port", str(free_port()),
+                        "--curve-secret-key-file", str(tmp_path / "server.key")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--curve-allowed-clients" in r.stderr + r.stdout
+
+
+# ---- the documented connector -------------------------------------------------------------------
+
+def test_protocol_doc_example_registers_with_proof(make_server):
+    """The pyzmq connector at the end of docs/protocol.md runs as written (it answers the
+    proof-of-access challenge of a tcp client)."""
+    from conftest import ROOT
+    text = open(os.path.join(ROOT, "docs", "protocol.md")).read()
+    code = text[text.rindex("```python") + len("```python"):text.rindex("```")]
+    s = make_server()
+    name = "lmc-doc-" + uuid.uuid4().hex[:8]
+    code = (code.replace("tcp://127.0.0.1:5555", f"tcp://127.0.0.1:{s.zmq_port}")
+            .replace("my-kv", name))
+    assert f"/dev/shm/{name}" in code and "proof_required" in code
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+    finally:
+        if os.path.exists("/dev/shm/" + name):
+            os.unlink("/dev/shm/" + name)
