@@ -121,6 +121,20 @@ void config_free(struct server_config *cfg);
 /* {"mp": {...}, "storage_manager": {...}, "observability": {...}} from the parsed values. */
 json_t *config_to_json(const struct server_config *cfg);
 void config_print_help(FILE *f);
+
+/* Secrets in the configuration. A field (an option or a member of an adapter's JSON, at any
+ * depth) holds a secret when one of its '_'/'-'-separated words is secret, password, passwd,
+ * token or private, or it is api_key: secret_access_key, session_token, password, private_key.
+ * Every place that shows configuration (GET /config, adapter status, logs, error messages)
+ * goes through config_redact, so adding a secret field means naming it this way. */
+#define CONFIG_REDACTED "<redacted>"
+int config_is_secret_name(const char *name);
+/* Replaces, in place, the value of every secret-named member of v (any depth) with
+ * CONFIG_REDACTED (null stays null). */
+void config_redact(json_t *v);
+/* Overwrites, in place, the bytes of every secret-named string value (explicit_bzero) so that
+ * freeing v does not leave the secret in freed memory. */
+void config_scrub(json_t *v);
 /* The option table as a Markdown table (docs/configuration.md embeds it). */
 void config_print_markdown(FILE *f);
 

@@ -1375,11 +1375,10 @@ static void s3_free(struct s3 *s) {
     free(s->base_url);
     free(s->sigv4);
     free(s->akid);
-    if (s->secret) {
-        volatile char *p = s->secret; /* do not leave the secret in freed memory */
-        while (*p) *p++ = 0;
-        free(s->secret);
-    }
+    /* Credentials do not stay in freed memory. */
+    if (s->secret) explicit_bzero(s->secret, strlen(s->secret));
+    free(s->secret);
+    if (s->token_hdr) explicit_bzero(s->token_hdr, strlen(s->token_hdr));
     free(s->token_hdr);
     pthread_mutex_destroy(&s->q_mu);
     pthread_mutex_destroy(&s->map_mu);
@@ -1581,8 +1580,9 @@ oom:
 out:
     free(addressing);
     free(akid);
-    if (secret) memset(secret, 0, strlen(secret));
+    if (secret) explicit_bzero(secret, strlen(secret));
     free(secret);
+    if (token) explicit_bzero(token, strlen(token));
     free(token);
     return rc;
 }
