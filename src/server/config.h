@@ -50,7 +50,21 @@ enum opt_type {
     X(run_script_api_enabled, "run-script-api-enabled", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,   \
       "Enable POST /run_script (remote code execution; keep off on untrusted networks)")           \
     X(script_allowed_imports, "script-allowed-imports", OPT_STRLIST, "mp", NULL, 0, -1, NULL, 0,   \
-      "Modules a /run_script script may import")                                                   \
+      "Modules a /run_script script may import (a convenience, not a security boundary)")          \
+    X(run_script_user, "run-script-user", OPT_STR, "mp", "nobody", 0, -1, NULL, 0,                 \
+      "User (name or uid) /run_script scripts run as when the server runs as root; never root")    \
+    X(run_script_timeout_seconds, "run-script-timeout-seconds", OPT_FLOAT, "mp", "30", 0.1, 3600,  \
+      NULL, 0, "Wall-clock limit of a /run_script script; then its process group is killed")       \
+    X(run_script_cpu_seconds, "run-script-cpu-seconds", OPT_INT, "mp", "10", 1, 3600, NULL, 0,     \
+      "CPU-time limit (RLIMIT_CPU) of each /run_script process")                                   \
+    X(run_script_memory_mb, "run-script-memory-mb", OPT_INT, "mp", "512", 64, 1048576, NULL, 0,    \
+      "Address-space limit (RLIMIT_AS) of each /run_script process, in MiB")                       \
+    X(run_script_max_processes, "run-script-max-processes", OPT_INT, "mp", "16", 1, 65536, NULL,   \
+      0, "Process limit (RLIMIT_NPROC) of the user /run_script scripts run as")                    \
+    X(run_script_max_files, "run-script-max-files", OPT_INT, "mp", "64", 16, 65536, NULL, 0,       \
+      "Open-file limit (RLIMIT_NOFILE) of each /run_script process")                               \
+    X(run_script_max_file_mb, "run-script-max-file-mb", OPT_INT, "mp", "16", 0, 65536, NULL, 0,    \
+      "Largest file a /run_script process may write (RLIMIT_FSIZE), in MiB")                       \
     X(env_api_unredacted, "env-api-unredacted", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,           \
       "Show secret-looking values in GET /env instead of redacting them")                          \
     X(l1_size_gb, "l1-size-gb", OPT_FLOAT, "storage_manager", NULL, 0.001, 1048576, NULL,          \
