@@ -118,7 +118,7 @@ static char *const CHILD_ENV[] = {"PATH=/usr/bin:/bin",
 /* ---- the child, between vfork and execve ----------------------------------------------------
  * It shares the parent's memory until execve: it only makes system calls (raw ones for the
  * credential changes, which glibc would otherwise try to apply to every thread of the daemon)
- * and reports a failure through *err before _exit. */
+ * and reports a failure through sp->stage and sp->err before _exit. */
 
 struct spawn {
     int in_fd, out_fd, res_fd; /* become 0, 1 and 2, 3 */
@@ -200,6 +200,10 @@ static void child_fail(struct spawn *sp, int stage) {
     _exit(127);
 }
 
+/* dup2, or, when the pipe already has the wanted number, clearing its close-on-exec flag (which
+ * dup2 onto itself would leave set). */
+static int move_fd(int from, int to) { return from == to ? fcntl(to, F_SETFD, 0) : dup2(from, to); }
+
 static void child_main(struct spawn *sp) {
     /* Own process group: the wall-clock kill reaches every process the script starts. */
     if (setpgid(0, 0) < 0) child_fail(sp, ST_PGID);
@@ -207,8 +211,8 @@ static void child_main(struct spawn *sp) {
     memset(&dfl, 0, sizeof(dfl));
     dfl.sa_handler = SIG_DFL;
     for (int sig = 1; sig < NSIG; sig++) sigaction(sig, &dfl, NULL); /* errors: KILL, STOP */
-    if (dup2(sp->in_fd, 0) < 0 || dup2(sp->out_fd, 1) < 0 || dup2(sp->out_fd, 2) < 0 ||
-        dup2(sp->res_fd, 3) < 0)
+    if (move_fd(sp->in_fd, 0) < 0 || move_fd(sp->out_fd, 1) < 0 || move_fd(sp->out_fd, 2) < 0 ||
+        move_fd(sp->res_fd, 3) < 0)
         child_fail(sp, ST_FDS);
     /* Nothing of the daemon's (sockets, shared memory, L2 files) stays open. */
     if (syscall(SYS_close_range, 4u, ~0u, 0u) < 0)
