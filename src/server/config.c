@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define DEF_ROW(field, flag, type, group, def, min, max, choices, flags, help)                     \
     {#field,                                                                                       \
@@ -109,8 +110,15 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         json_error_t je;
         json_t *o = json_loads(v, JSON_REJECT_DUPLICATES, &je);
         if (!o || !json_is_object(o)) {
-            snprintf(errbuf, errlen, "argument --%s: not a JSON object: %s", d->flag,
-                     o ? "wrong type" : je.text);
+            /* jansson's message ends with "near '<token>'", which may be a piece of a secret:
+             * only the message's first part and the position are reported. */
+            char *near = strstr(je.text, " near ");
+            if (near) *near = '\0';
+            if (o)
+                snprintf(errbuf, errlen, "argument --%s: not a JSON object", d->flag);
+            else
+                snprintf(errbuf, errlen, "argument --%s: malformed JSON: %s (line %d, column %d)",
+                         d->flag, je.text, je.line, je.column);
             json_decref(o);
             return -1;
         }
@@ -222,14 +230,64 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf,
     return 0;
 }
 
+/* ---- secrets ---- */
+
+int config_is_secret_name(const char *name) {
+    static const char *const WORDS[] = {"secret", "password", "passwd", "token", "private"};
+    if (!name) return 0;
+    if (!strcasecmp(name, "api_key") || !strcasecmp(name, "apikey")) return 1;
+    for (const char *w = name; *w;) {
+        size_t n = strcspn(w, "_-");
+        for (size_t k = 0; k < sizeof(WORDS) / sizeof(WORDS[0]); k++)
+            if (strlen(WORDS[k]) == n && !strncasecmp(w, WORDS[k], n)) return 1;
+        w += n;
+        if (*w) w++;
+    }
+    return 0;
+}
+
+/* scrub: 0 = replace the value by CONFIG_REDACTED, 1 = overwrite its bytes. */
+static void walk_secrets(json_t *v, int scrub) {
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) walk_secrets(e, scrub);
+        return;
+    }
+    if (!json_is_object(v)) return;
+    const char *key;
+    json_t *e;
+    json_object_foreach(v, key, e) {
+        if (!config_is_secret_name(key)) {
+            walk_secrets(e, scrub);
+        } else if (scrub) {
+            /* jansson owns the bytes; they are about to be freed by the caller. */
+            if (json_is_string(e))
+                explicit_bzero((char *)json_string_value(e), json_string_length(e));
+        } else if (!json_is_null(e)) {
+            if (json_is_string(e))
+                explicit_bzero((char *)json_string_value(e), json_string_length(e));
+            json_object_set_new(v, key, json_string(CONFIG_REDACTED));
+        }
+    }
+}
+
+void config_redact(json_t *v) { walk_secrets(v, 0); }
+
+void config_scrub(json_t *v) { walk_secrets(v, 1); }
+
 void config_free(struct server_config *cfg) {
     for (size_t i = 0; i < SERVER_NOPTIONS; i++) {
         const struct option_def *d = &SERVER_OPTION_DEFS[i];
         void *p = slot(cfg, d);
-        if (d->type == OPT_STR || d->type == OPT_ENUM)
-            free(*(char **)p);
-        else if (d->type == OPT_STRLIST || d->type == OPT_JSONLIST)
+        if (d->type == OPT_STR || d->type == OPT_ENUM) {
+            char *s = *(char **)p;
+            if (s && config_is_secret_name(d->field)) explicit_bzero(s, strlen(s));
+            free(s);
+        } else if (d->type == OPT_STRLIST || d->type == OPT_JSONLIST) {
+            config_scrub(*(json_t **)p);
             json_decref(*(json_t **)p);
+        }
     }
     memset(cfg, 0, sizeof(*cfg));
 }
@@ -266,6 +324,7 @@ json_t *config_to_json(const struct server_config *cfg) {
         }
         json_object_set_new(root, GROUPS[g], o);
     }
+    config_redact(root);
     return root;
 }
 

@@ -76,7 +76,21 @@ enum opt_type {
     X(run_script_api_enabled, "run-script-api-enabled", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,   \
       "Enable POST /run_script (remote code execution; keep off on untrusted networks)")           \
     X(script_allowed_imports, "script-allowed-imports", OPT_STRLIST, "mp", NULL, 0, -1, NULL, 0,   \
-      "Modules a /run_script script may import")                                                   \
+      "Modules a /run_script script may import (a convenience, not a security boundary)")          \
+    X(run_script_user, "run-script-user", OPT_STR, "mp", "nobody", 0, -1, NULL, 0,                 \
+      "User (name or uid) /run_script scripts run as when the server runs as root; never root")    \
+    X(run_script_timeout_seconds, "run-script-timeout-seconds", OPT_FLOAT, "mp", "30", 0.1, 3600,  \
+      NULL, 0, "Wall-clock limit of a /run_script script; then its process group is killed")       \
+    X(run_script_cpu_seconds, "run-script-cpu-seconds", OPT_INT, "mp", "10", 1, 3600, NULL, 0,     \
+      "CPU-time limit (RLIMIT_CPU) of each /run_script process")                                   \
+    X(run_script_memory_mb, "run-script-memory-mb", OPT_INT, "mp", "512", 64, 1048576, NULL, 0,    \
+      "Address-space limit (RLIMIT_AS) of each /run_script process, in MiB")                       \
+    X(run_script_max_processes, "run-script-max-processes", OPT_INT, "mp", "16", 1, 65536, NULL,   \
+      0, "Process limit (RLIMIT_NPROC) of the user /run_script scripts run as")                    \
+    X(run_script_max_files, "run-script-max-files", OPT_INT, "mp", "64", 16, 65536, NULL, 0,       \
+      "Open-file limit (RLIMIT_NOFILE) of each /run_script process")                               \
+    X(run_script_max_file_mb, "run-script-max-file-mb", OPT_INT, "mp", "16", 0, 65536, NULL, 0,    \
+      "Largest file a /run_script process may write (RLIMIT_FSIZE), in MiB")                       \
     X(env_api_unredacted, "env-api-unredacted", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,           \
       "Show secret-looking values in GET /env instead of redacting them")                          \
     X(l1_size_gb, "l1-size-gb", OPT_FLOAT, "storage_manager", NULL, 0.001, 1048576, NULL,          \
@@ -147,6 +161,20 @@ void config_free(struct server_config *cfg);
 /* {"mp": {...}, "storage_manager": {...}, "observability": {...}} from the parsed values. */
 json_t *config_to_json(const struct server_config *cfg);
 void config_print_help(FILE *f);
+
+/* Secrets in the configuration. A field (an option or a member of an adapter's JSON, at any
+ * depth) holds a secret when one of its '_'/'-'-separated words is secret, password, passwd,
+ * token or private, or it is api_key: secret_access_key, session_token, password, private_key.
+ * Every place that shows configuration (GET /config, adapter status, logs, error messages)
+ * goes through config_redact, so adding a secret field means naming it this way. */
+#define CONFIG_REDACTED "<redacted>"
+int config_is_secret_name(const char *name);
+/* Replaces, in place, the value of every secret-named member of v (any depth) with
+ * CONFIG_REDACTED (null stays null). */
+void config_redact(json_t *v);
+/* Overwrites, in place, the bytes of every secret-named string value (explicit_bzero) so that
+ * freeing v does not leave the secret in freed memory. */
+void config_scrub(json_t *v);
 /* The option table as a Markdown table (docs/configuration.md embeds it). */
 void config_print_markdown(FILE *f);
 

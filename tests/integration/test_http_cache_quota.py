@@ -122,3 +122,46 @@ def test_l1_evictor_is_a_healthy_periodic_thread(server):
                  "lmcache_mp_l1_eviction_loop_ticks_total",
                  'lmcache_mp_l1_allocation_failure_total{during="l1_store"}'):
         assert name in body, name
+
+
+def test_quota_salt_not_utf8_or_with_nul_is_400_and_not_stored(server):
+    # %FF used to be stored and then fail to render (500); %00 used to cut the salt at the NUL.
+    for seg in ("zz%FFzz", "a%00b", "%00", "a%01b", "tab%09", "del%7F", "%C0%80", "%ED%A0%80",
+                "a%40b"):
+        for method in ("put", "get", "delete"):
+            kw = {"json": {"limit_gb": 1}} if method == "put" else {}
+            r = getattr(server, method)("/quota/" + seg, **kw)
+            assert r.status_code == 400, (method, seg, r.text)
+            assert "cache_salt" in r.json()["detail"]
+    assert server.get("/quota").json() == {"users": {}}
+    assert server.get("/quota/a").json()["exists"] is False
+    # Printable UTF-8 stays accepted and is echoed back decoded.
+    r = server.put("/quota/caf%C3%A9", json={"limit_gb": 1})
+    assert r.status_code == 200 and r.json()["cache_salt"] == "caf\u00e9"
+    assert list(server.get("/quota").json()["users"]) == ["caf\u00e9"]
+
+
+def test_checksums_errors_use_the_error_field(server):
+    cases = [({"block_ids": [], "chunk_size": 2}, 400),
+             ({"block_ids": [1], "chunk_size": 0}, 400),
+             ({"block_ids": [1]}, 400),
+             ({"chunk_size": 1}, 400),
+             ({"block_ids": "x", "chunk_size": 1}, 422),
+             ({"block_ids": [1], "chunk_size": 1, "instance_id": 7}, 404)]
+    for body, code in cases:
+        r = server.post("/cache/checksums", json=body)
+        assert r.status_code == code, body
+        assert set(r.json()) == {"error"}, (body, r.text)
+    for raw in ("{bad", "[1]", ""):
+        r = server.post("/cache/checksums", data=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422 and set(r.json()) == {"error"}, raw
+
+
+def test_prefetch_unknown_layout_is_409_even_when_short(server):
+    # No engine registered this (model_name, world_size): the 409 must not hide behind a
+    # "noop" for a sequence shorter than one chunk.
+    for toks in ([], [1, 2, 3]):
+        r = server.post("/cache/prefetches", json={"model_name": "no/such-model", "world_size": 1,
+                                                    "token_ids": toks})
+        assert r.status_code == 409, r.text
+        assert "no/such-model" in r.json()["detail"]

@@ -168,3 +168,86 @@ def test_run_script_enabled(make_server):
     assert r.status_code == 500  # open is not among the restricted builtins
     r = s.post("/run_script", files={"script": ("s.py", b"result = app.get('/version')")})
     assert r.status_code == 200 and r.text == s.get("/version").json()
+
+
+def run(s, code):
+    return s.post("/run_script", files={"script": ("s.py", code.encode())})
+
+
+def test_run_script_environment_is_scrubbed(make_server):
+    s = make_server(args=["--run-script-api-enabled", "--script-allowed-imports", "os"],
+                    env={"AWS_SECRET_ACCESS_KEY": "hunter2-secret", "AWS_ACCESS_KEY_ID": "AKID1",
+                         "MY_TOKEN": "tok-3"})
+    # The restricted builtins are no boundary: the prelude's own globals are one step away.
+    r = run(s, "import os\nresult = list(os.environ.items())")
+    assert r.status_code == 200, r.text
+    assert "AWS_" not in r.text and "hunter2" not in r.text and "tok-3" not in r.text
+    assert "PATH" in r.text
+    # The escape through the `app` client's globals sees the same scrubbed environment.
+    r = run(s, "result = app.request.__globals__['os'].environ.get('AWS_SECRET_ACCESS_KEY')")
+    assert r.status_code == 200 and r.text == "None", r.text
+    # No descriptor of the daemon is inherited: only 0-3 are open.
+    r = run(s, "B = app.request.__globals__['builtins']\nimport os\n"
+               "result = B.sorted(int(f) for f in os.listdir('/proc/self/fd'))")
+    assert r.status_code == 200 and r.text in ("[0, 1, 2, 3]", "[0, 1, 2, 3, 4]"), r.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the credential drop happens when the server is root")
+def test_run_script_drops_root(make_server):
+    s = make_server(args=["--run-script-api-enabled", "--script-allowed-imports", "os"])
+    r = run(s, "import os\nresult = [os.getuid(), os.geteuid(), os.getgid(), os.getgroups()]")
+    assert r.status_code == 200 and r.text == "[65534, 65534, 65534, []]", r.text
+    r = run(s, "import os\nos.setuid(0)")
+    assert r.status_code == 500 and "PermissionError" in r.text, r.text
+    # No way back through a set-uid binary (no_new_privs) and no new session (seccomp).
+    r = run(s, "import os\nos.setsid()")
+    assert r.status_code == 500 and "PermissionError" in r.text, r.text
+    # Reading the daemon's environment through /proc is refused to the unprivileged user.
+    r = run(s, "B = app.request.__globals__['builtins']\nimport os\n"
+               "result = B.open('/proc/%d/environ' % os.getppid()).read()")
+    assert r.status_code == 500 and "PermissionError" in r.text, r.text
+    # --run-script-user names the user; root is refused.
+    s2 = make_server(args=["--run-script-api-enabled", "--script-allowed-imports", "os",
+                           "--run-script-user", "root"])
+    r = run(s2, "import os\nresult = os.getuid()")
+    assert r.status_code == 500 and "root" in r.text, r.text
+    s3 = make_server(args=["--run-script-api-enabled", "--script-allowed-imports", "os",
+                           "--run-script-user", "4242"])
+    assert run(s3, "import os\nresult = os.getuid()").text == "4242"
+
+
+def test_run_script_busy_loop_killed_at_wall_clock(make_server):
+    s = make_server(args=["--run-script-api-enabled", "--script-allowed-imports", "os",
+                          "--run-script-timeout-seconds", "1.5", "--run-script-cpu-seconds", "60"])
+    r = run(s, "x = 0\nwhile True:\n    x += 1\n")
+    assert r.status_code == 500
+    assert "timed out after 1.5 s" in r.text and "process group was killed" in r.text, r.text
+    # A child the script left behind dies with the group.
+    r = run(s, "import os\nif os.fork() == 0:\n    while True: pass\nresult = 'parent done'")
+    assert r.status_code == 200 and r.text == "parent done"
+    assert s.get("/healthcheck").status_code == 200
+
+
+def test_run_script_cpu_limit(make_server):
+    s = make_server(args=["--run-script-api-enabled", "--run-script-timeout-seconds", "60",
+                          "--run-script-cpu-seconds", "1"])
+    r = run(s, "x = 0\nwhile True:\n    x += 1\n")
+    assert r.status_code == 500 and "CPU-time limit of 1 s" in r.text, r.text
+
+
+def test_run_script_fork_bomb_and_huge_allocation_are_contained(make_server):
+    s = make_server(args=["--run-script-api-enabled", "--script-allowed-imports", "os",
+                          "--run-script-timeout-seconds", "20", "--run-script-max-processes",
+                          "8", "--run-script-memory-mb", "256"])
+    r = run(s, "x = ' ' * (4 << 30)\n")
+    assert r.status_code == 500 and "MemoryError" in r.text, r.text
+    r = run(s, "import os\nwhile True:\n    os.fork()\n")
+    assert r.status_code == 500, r.text
+    assert "BlockingIOError" in r.text or "timed out" in r.text, r.text
+    # Output is bounded: a flood of prints does not grow the log without limit.
+    r = run(s, "B = app.request.__globals__['builtins']\n"
+               "for i in B.range(200000):\n    print('y' * 100)\nresult = 'ok'")
+    assert r.status_code == 200 and r.text == "ok", r.text
+    log = s.output()
+    assert "truncated" in log and log.count("y" * 100) < 1000
+    assert s.get("/healthcheck").status_code == 200

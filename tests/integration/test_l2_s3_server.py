@@ -116,3 +116,59 @@ def test_s3_tier_end_to_end(s3):
     finally:
         c.close()
         assert srv.stop() == 0
+
+
+def test_s3_model_name_with_dot_segments_stays_inside_bucket_and_prefix(s3):
+    """A model name holding "../" used to be normalised away by libcurl, which then signed and
+    sent PUT /<other bucket>/...: the key must keep its dot segments, land under the configured
+    prefix of the configured bucket, and round-trip."""
+    import time
+    import urllib.request
+
+    from dp_util import DPClient
+    model = "../../x"
+    srv = Server(["--chunk-size", "64"] + adapter_arg(s3, prefix="dots/"))
+    c = DPClient(srv.zmq_port)
+    try:
+        with urllib.request.urlopen(s3.admin + "/stats", timeout=10) as r:
+            rejected_before = json.loads(r.read())["rejected"]
+        toks = list(range(1000, 1000 + 64 * 2))
+        chunks = [os.urandom(3000), os.urandom(3001)]
+        assert c.call("store_bytes", model_name=model, token_ids=toks,
+                      chunks=chunks)["stored_chunks"] == 2
+
+        def listed():
+            r = srv.get("/cache/objects", params={"model_name": model})
+            assert r.status_code == 200, r.text
+            return r.json()["entries"]
+        deadline = time.time() + 30
+        while time.time() < deadline and len(listed()) < 2:
+            time.sleep(0.1)
+        assert len(listed()) == 2
+        assert all(e["key"]["model_name"] == model for e in listed())
+        # Every object of the bucket is under the prefix; the dot segments are escaped in the key.
+        out = json.loads(s3_harness.aws(s3.endpoint, "s3api", "list-objects-v2", "--bucket",
+                                        s3.bucket).stdout or b"{}")
+        keys = [o["Key"] for o in out.get("Contents", [])]
+        mine = [k for k in keys if "x@" in k]
+        assert len(mine) == 2 and all(k.startswith("dots/%2E%2E/%2E%2E/x@") for k in mine), keys
+        assert all(k.startswith(("dots/", "daemon/", "e2e/")) for k in keys), keys
+        # L1 loses the data; the lookup loads it back from S3.
+        assert srv.post("/cache/clear").status_code == 200
+        c.call("lookup", request_id="d", model_name=model, token_ids=toks)
+        for _ in range(600):
+            q = c.call("query_prefetch_status", request_id="d")
+            if q["ready"]:
+                break
+            time.sleep(0.02)
+        assert q["ready"] and q["hit_chunks"] == 2
+        got = c.call("retrieve_bytes", model_name=model, token_ids=toks,
+                     request_id="d")["chunks"]
+        assert got == chunks
+        c.call("end_session", request_id="d")
+        with urllib.request.urlopen(s3.admin + "/stats", timeout=10) as r:
+            stats = json.loads(r.read())
+        assert stats["rejected"] == rejected_before, stats["last_reject"]
+    finally:
+        c.close()
+        assert srv.stop() == 0

@@ -175,11 +175,75 @@ static void test_xml_error(void **state) {
                      -1);
 }
 
+/* Resolves dot segments of a path the way RFC 3986 (and libcurl, and file-system stores) do;
+ * returns 0 when the result still starts with want, -1 when a ".." climbed above it. */
+static int stays_under(const char *path, const char *want) {
+    char segs[64][256];
+    size_t n = 0;
+    for (const char *p = path;;) {
+        size_t l = strcspn(p, "/");
+        if (l == 2 && p[0] == '.' && p[1] == '.') {
+            if (n == 0) return -1;
+            n--;
+        } else if (!(l == 1 && p[0] == '.')) {
+            snprintf(segs[n++], sizeof(segs[0]), "%.*s", (int)l, p);
+        }
+        if (!p[l]) break;
+        p += l + 1;
+    }
+    char out[4096] = "";
+    for (size_t i = 0; i < n; i++) {
+        strcat(out, segs[i]);
+        if (i + 1 < n) strcat(out, "/");
+    }
+    return strncmp(out, want, strlen(want)) == 0 ? 0 : -1;
+}
+
+static void test_key_escape_dot_segments(void **state) {
+    (void)state;
+    char key[S3_KEY_MAX + 1], back[S3_KEY_MAX + 1], path[3 * S3_KEY_MAX + 1];
+    const char *name = "../../x@01000100@0@ab";
+    long n = s3_key_escape(name, key, sizeof(key));
+    assert_string_equal(key, "%2E%2E/%2E%2E/x@01000100@0@ab");
+    assert_int_equal(s3_key_unescape(key, (size_t)n, back, sizeof(back)), strlen(name));
+    assert_string_equal(back, name);
+    /* The URL path: '%' of the key is itself encoded, and nothing resolves above the prefix. */
+    assert_true(s3_object_path("p/q/", name, path, sizeof(path)) > 0);
+    assert_string_equal(path, "p/q/%252E%252E/%252E%252E/x%4001000100%400%40ab");
+    assert_int_equal(stays_under(path, "p/q/"), 0);
+    /* Every mixture of dot segments, '%' and ordinary names round-trips and stays inside. */
+    const char *names[] = {"./a@1",      "a/./b@1",         "a/../b@1", "..@1",
+                           "a/..@1",     "...@1",           ".a/b.@1",  "%2E%2E@1",
+                           "a%25/..%@1", "org/Model-3.5@1", "/../x@1",  "a//..@1"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++) {
+        n = s3_key_escape(names[i], key, sizeof(key));
+        assert_true(n >= 0);
+        assert_int_equal(s3_key_unescape(key, (size_t)n, back, sizeof(back)), strlen(names[i]));
+        assert_string_equal(back, names[i]);
+        char full[S3_KEY_MAX + 8];
+        snprintf(full, sizeof(full), "p/%s", key);
+        assert_int_equal(stays_under(full, "p/"), 0);
+    }
+    /* Plain names keep their key, as other S3 clients see it. */
+    s3_key_escape("org/Model-3.5@01000100@0@ab@salt", key, sizeof(key));
+    assert_string_equal(key, "org/Model-3.5@01000100@0@ab@salt");
+    /* Keys the escaper cannot have produced are not ours. */
+    const char *foreign[] = {"../x@1", "a/./b", "%41", "%2", "x%2E", "%2e%2e/x"};
+    for (size_t i = 0; i < sizeof(foreign) / sizeof(*foreign); i++)
+        assert_int_equal(s3_key_unescape(foreign[i], strlen(foreign[i]), back, sizeof(back)), -1);
+    /* Too small an output buffer. */
+    assert_int_equal(s3_key_escape("../x", key, 4), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_uri_encode),  cmocka_unit_test(test_token_roundtrip),
-        cmocka_unit_test(test_breaker),     cmocka_unit_test(test_xml_list),
-        cmocka_unit_test(test_xml_rejects), cmocka_unit_test(test_xml_error),
+        cmocka_unit_test(test_key_escape_dot_segments),
+        cmocka_unit_test(test_uri_encode),
+        cmocka_unit_test(test_token_roundtrip),
+        cmocka_unit_test(test_breaker),
+        cmocka_unit_test(test_xml_list),
+        cmocka_unit_test(test_xml_rejects),
+        cmocka_unit_test(test_xml_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,17 +100,29 @@ static int chunk_md5(const struct kv_context *c, const uint32_t *ids, size_t n, 
     return ok ? 0 : -1;
 }
 
+/* /cache/checksums reports every failure as {"error": ...} (as /status and /config do), while
+ * the shared body parser answers {"detail": ...}: its message is moved to the error field. */
+static void detail_to_error(struct http_resp *resp) {
+    json_t *o = resp->body ? json_loadb(resp->body, resp->len, 0, NULL) : NULL;
+    const char *m = json_string_value(json_object_get(o, "detail"));
+    http_error(resp, resp->status, "error", m ? m : "malformed request body");
+    json_decref(o);
+}
+
 /* POST /cache/checksums: block-centric MD5s of the engine KV cache of a registered instance. */
 static void h_checksums(struct http_req *req, struct http_resp *resp) {
     json_t *body = http_body_object(req, resp, 422, 0);
-    if (!body) return;
+    if (!body) {
+        detail_to_error(resp);
+        return;
+    }
     json_t *jids = json_object_get(body, "block_ids"), *jcs = json_object_get(body, "chunk_size");
     json_t *jinst = json_object_get(body, "instance_id"), *jlw = json_object_get(body, "layerwise");
     uint32_t *ids = NULL;
     struct kv_context *c = NULL;
     if (!jids || !json_is_array(jids) || (jcs && !json_is_integer(jcs)) ||
         (jinst && !json_is_integer(jinst)) || (jlw && !json_is_boolean(jlw))) {
-        http_error(resp, jids ? 422 : 400, "detail",
+        http_error(resp, jids ? 422 : 400, "error",
                    jids ? "block_ids must be a list of ints, chunk_size and instance_id ints, "
                           "layerwise a bool"
                         : "block_ids is required");
@@ -118,11 +130,11 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
     }
     size_t n = json_array_size(jids);
     if (n == 0) {
-        http_error(resp, 400, "detail", "block_ids must not be empty");
+        http_error(resp, 400, "error", "block_ids must not be empty");
         goto out;
     }
     if (!jcs || json_integer_value(jcs) <= 0) {
-        http_error(resp, 400, "detail", "chunk_size must be a positive integer");
+        http_error(resp, 400, "error", "chunk_size must be a positive integer");
         goto out;
     }
     size_t cs = (size_t)json_integer_value(jcs);
@@ -144,14 +156,14 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
         json_t *v = json_array_get(jids, i);
         json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
         if (!json_is_integer(v)) {
-            http_error(resp, 422, "detail", "block_ids must be a list of ints");
+            http_error(resp, 422, "error", "block_ids must be a list of ints");
             goto out;
         }
         if (x < 0 || x >= c->layout.num_blocks) {
             char msg[128];
             snprintf(msg, sizeof(msg), "block id %lld is out of range (num_blocks %u)",
                      (long long)x, c->layout.num_blocks);
-            http_error(resp, 400, "detail", msg);
+            http_error(resp, 400, "error", msg);
             goto out;
         }
         ids[i] = (uint32_t)x;

@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/strbuf.h"
+#include "server/admin/pathparam.h"
 #include "server/engine.h"
 
 static const struct http_route *const GROUPS[] = {INFO_ROUTES,       OBS_ROUTES,   DIAG_ROUTES,
@@ -323,7 +324,8 @@ struct admin *admin_start(struct engine *e, const char *host, int port, char *er
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, a, MHD_OPTION_SOCK_ADDR,
                             res->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, 2u,
                             MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_CONNECTION_LIMIT, 1024u,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, a, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
+                            MHD_OPTION_UNESCAPE_CALLBACK, pathparam_unescape, NULL, MHD_OPTION_END);
     freeaddrinfo(res);
     if (!a->d) {
         snprintf(errbuf, errlen, "cannot listen on %s:%d (address in use or not available)", host,

@@ -231,11 +231,8 @@ static void h_prefetch(struct http_req *req, struct http_resp *resp) {
         }
         tokens[i] = (uint32_t)json_integer_value(t);
     }
-    size_t cs = (size_t)e->cfg->chunk_size, nch = ntok / cs;
-    if (nch == 0) {
-        http_json(resp, 202, json_pack("{s:i, s:s}", "chunks", 0, "status", "noop"));
-        goto out;
-    }
+    /* The layout check comes before the length check: a 409 tells the operator the model name
+     * or world size is wrong, which a short sequence must not hide behind a noop. */
     struct kv_layout layout;
     if (kvreg_find_layout(&e->contexts, json_string_value(jm), (uint32_t)ws, &layout) < 0) {
         char msg[400];
@@ -244,6 +241,11 @@ static void h_prefetch(struct http_req *req, struct http_resp *resp) {
                  "has not allocated its KV cache on this node yet",
                  json_string_value(jm), (long long)ws);
         http_error(resp, 409, "detail", msg);
+        goto out;
+    }
+    size_t cs = (size_t)e->cfg->chunk_size, nch = ntok / cs;
+    if (nch == 0) {
+        http_json(resp, 202, json_pack("{s:i, s:s}", "chunks", 0, "status", "noop"));
         goto out;
     }
     if (!e->l2ctl) {

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "server/admin/http.h"
+#include "server/admin/pathparam.h"
+#include "server/keys.h"
 #include "server/engine.h"
 
 #define DEFAULT_SALT "_default"
@@ -15,6 +17,20 @@ static const char *salt_of(const char *segment) {
     return strcmp(segment, DEFAULT_SALT) == 0 ? "" : segment;
 }
 
+/* The decoded {cache_salt} segment must be a valid cache_salt (the ObjectKey rules) and
+ * printable UTF-8: anything else answers 400 before the quota table is touched. */
+static int check_segment(const char *seg, struct http_resp *resp) {
+    char err[KEYS_ERR_MAX], msg[KEYS_ERR_MAX + 32];
+    size_t len = strlen(seg);
+    if (pathparam_check_text(seg, len, err, sizeof(err)) < 0 ||
+        keys_check_cache_salt(salt_of(seg), strlen(salt_of(seg)), err, sizeof(err)) < 0) {
+        snprintf(msg, sizeof(msg), "cache_salt %s", err);
+        http_error(resp, 400, "detail", msg);
+        return -1;
+    }
+    return 0;
+}
+
 static const char *label_of(const char *salt) { return *salt ? salt : DEFAULT_SALT; }
 
 /* Rounded to the byte-level precision a GiB figure can show. */
@@ -22,6 +38,7 @@ static double gib(uint64_t bytes) { return round((double)bytes / GIB * 1e6) / 1e
 
 static void h_put(struct http_req *req, struct http_resp *resp) {
     const char *seg = req->params[0];
+    if (check_segment(seg, resp) < 0) return;
     json_t *body = http_body_object(req, resp, 400, 0);
     if (!body) return;
     json_t *v = json_object_get(body, "limit_gb");
@@ -57,6 +74,7 @@ static void h_put(struct http_req *req, struct http_resp *resp) {
 
 static void h_get(struct http_req *req, struct http_resp *resp) {
     const char *seg = req->params[0];
+    if (check_segment(seg, resp) < 0) return;
     const char *salt = salt_of(seg);
     uint64_t limit = 0;
     int exists = quota_get(req->engine->quota, salt, &limit);
@@ -68,6 +86,7 @@ static void h_get(struct http_req *req, struct http_resp *resp) {
 
 static void h_delete(struct http_req *req, struct http_resp *resp) {
     const char *seg = req->params[0];
+    if (check_segment(seg, resp) < 0) return;
     int removed = quota_remove(req->engine->quota, salt_of(seg));
     if (removed) engine_quota_changed(req->engine);
     http_json(

@@ -15,6 +15,7 @@
 #include "base/check.h"
 #include "server/l2/dax.h"
 #include "server/l2/fs.h"
+#include "server/config.h"
 #include "server/l2/s3.h"
 
 /* One row per adapter type. */
@@ -141,7 +142,9 @@ int l2_adapter_base_init(struct l2_adapter *a, const struct l2_adapter_ops *ops,
         a->salts = NULL;
         return L2_ERR_NOMEM;
     }
+    /* Kept for display only, so secrets are redacted here once (see config_redact). */
     a->config = config ? json_deep_copy(config) : json_object();
+    config_redact(a->config);
     return L2_OK;
 }
 
@@ -499,5 +502,6 @@ json_t *l2_adapter_status(struct l2_adapter *a) {
     F(in_flight);
 #undef F
     json_object_set_new(s, "counters", cj);
+    config_redact(s); /* an adapter's status must never show a credential */
     return s;
 }

@@ -374,14 +374,77 @@ static void do_ent_forget(struct s3 *s, struct s3_ent *e, const struct keys_obje
 
 /* ---- requests ------------------------------------------------------------------------------- */
 
+/* A segment of the name (between slashes, or at either end) that is "." or "..". */
+static bool dot_segment(const char *seg, size_t n) {
+    return (n == 1 && seg[0] == '.') || (n == 2 && seg[0] == '.' && seg[1] == '.');
+}
+
+long s3_key_escape(const char *name, char *out, size_t outlen) {
+    size_t o = 0;
+    for (const char *seg = name;;) {
+        size_t n = strcspn(seg, "/");
+        bool dots = dot_segment(seg, n);
+        for (size_t i = 0; i < n; i++) {
+            const char *rep = seg[i] == '%' ? "%25" : dots ? "%2E" : NULL;
+            size_t rl = rep ? 3 : 1;
+            if (o + rl >= outlen) return -1;
+            if (rep)
+                memcpy(out + o, rep, 3);
+            else
+                out[o] = seg[i];
+            o += rl;
+        }
+        if (!seg[n]) break;
+        if (o + 1 >= outlen) return -1;
+        out[o++] = '/';
+        seg += n + 1;
+    }
+    out[o] = '\0';
+    return (long)o;
+}
+
+long s3_key_unescape(const char *key, size_t len, char *out, size_t outlen) {
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = key[i];
+        if (c == '%') {
+            if (i + 2 >= len || key[i + 1] != '2') return -1;
+            if (key[i + 2] == '5')
+                c = '%';
+            else if (key[i + 2] == 'E')
+                c = '.';
+            else
+                return -1;
+            i += 2;
+        }
+        if (o + 1 >= outlen) return -1;
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    /* Only the escaper's output is accepted: a dot segment written with plain dots, or an
+     * escaped dot outside a dot segment, is not a name of ours. */
+    char again[S3_KEY_MAX + 1];
+    long n = s3_key_escape(out, again, sizeof(again));
+    if (n < 0 || (size_t)n != len || memcmp(again, key, len) != 0) return -1;
+    return (long)o;
+}
+
+long s3_object_path(const char *prefix, const char *name, char *out, size_t outlen) {
+    size_t plen = strlen(prefix);
+    char full[S3_KEY_MAX + 1];
+    if (plen >= sizeof(full)) return -1;
+    memcpy(full, prefix, plen);
+    long n = s3_key_escape(name, full + plen, sizeof(full) - plen);
+    if (n < 0) return -1;
+    return s3_uri_encode(full, plen + (size_t)n, true, out, outlen);
+}
+
+/* The URL of one object. Its path is sent and signed exactly as built here (CURLOPT_PATH_AS_IS in
+ * req_start), and the key holds no dot segment of the model name, so no request and no object
+ * ever leaves the configured bucket and prefix. */
 static char *object_url(struct s3 *s, const char *name) {
-    size_t plen = strlen(s->prefix), nlen = strlen(name);
-    char full[KEYS_L2_NAME_MAX + 1024];
-    char enc[3 * sizeof(full) + 1];
-    if (plen + nlen >= sizeof(full)) return NULL;
-    memcpy(full, s->prefix, plen);
-    memcpy(full + plen, name, nlen + 1);
-    if (s3_uri_encode(full, plen + nlen, true, enc, sizeof(enc)) < 0) return NULL;
+    char enc[3 * S3_KEY_MAX + 1];
+    if (s3_object_path(s->prefix, name, enc, sizeof(enc)) < 0) return NULL;
     struct strbuf sb = STRBUF_INIT;
     sb_printf(&sb, "%s/%s", s->base_url, enc);
     if (sb.oom) {
@@ -516,6 +579,10 @@ static int req_start(struct s3 *s, struct s3_req *r) {
     r->easy = e;
     r->started = true;
     SETOPT(e, CURLOPT_URL, r->url);
+    /* libcurl would otherwise remove "/../" and "/./" from the path (RFC 3986 normalisation) and
+     * sign the rewritten path: a model name "../../x" then named an object outside the prefix,
+     * even another bucket. As is, the path sent is the path signed is the object's key. */
+    SETOPT(e, CURLOPT_PATH_AS_IS, 1L);
     SETOPT(e, CURLOPT_PRIVATE, r);
     SETOPT(e, CURLOPT_NOSIGNAL, 1L);
     SETOPT(e, CURLOPT_ERRORBUFFER, r->curl_err);
@@ -1148,9 +1215,13 @@ static int s3_list(struct l2_adapter *a, const char *model_filter, size_t page_s
         snprintf(err, errlen, "malformed page token");
         return L2_ERR_BAD_TOKEN;
     }
-    char prefix[1024 + KEYS_MODEL_NAME_MAX + 2];
-    snprintf(prefix, sizeof(prefix), "%s%s%s", s->prefix, model_filter ? model_filter : "",
-             model_filter ? "@" : "");
+    char prefix[S3_KEY_MAX + 2], mf[S3_KEY_MAX + 1] = "";
+    if (model_filter && s3_key_escape(model_filter, mf, sizeof(mf)) < 0) {
+        free(cont);
+        snprintf(err, errlen, "model_name filter too long");
+        return L2_ERR_INVAL;
+    }
+    snprintf(prefix, sizeof(prefix), "%s%s%s", s->prefix, mf, model_filter ? "@" : "");
     size_t plen = strlen(s->prefix);
     out->entries = calloc(page_size, sizeof(*out->entries));
     if (!out->entries) {
@@ -1171,8 +1242,9 @@ static int s3_list(struct l2_adapter *a, const char *model_filter, size_t page_s
             char kerr[KEYS_ERR_MAX];
             if (strncmp(key, s->prefix, plen) != 0) continue;
             struct l2_list_entry *en = &out->entries[out->count];
-            if (keys_l2_name_parse(key + plen, strlen(key + plen), &en->key, kerr, sizeof(kerr)) !=
-                0)
+            char name[KEYS_L2_NAME_MAX + 1];
+            long nl = s3_key_unescape(key + plen, strlen(key + plen), name, sizeof(name));
+            if (nl < 0 || keys_l2_name_parse(name, (size_t)nl, &en->key, kerr, sizeof(kerr)) != 0)
                 continue;
             if (model_filter && strcmp(en->key.model_name, model_filter) != 0) continue;
             en->size = l.items[i].size;
@@ -1375,11 +1447,10 @@ static void s3_free(struct s3 *s) {
     free(s->base_url);
     free(s->sigv4);
     free(s->akid);
-    if (s->secret) {
-        volatile char *p = s->secret; /* do not leave the secret in freed memory */
-        while (*p) *p++ = 0;
-        free(s->secret);
-    }
+    /* Credentials do not stay in freed memory. */
+    if (s->secret) explicit_bzero(s->secret, strlen(s->secret));
+    free(s->secret);
+    if (s->token_hdr) explicit_bzero(s->token_hdr, strlen(s->token_hdr));
     free(s->token_hdr);
     pthread_mutex_destroy(&s->q_mu);
     pthread_mutex_destroy(&s->map_mu);
@@ -1581,8 +1652,9 @@ oom:
 out:
     free(addressing);
     free(akid);
-    if (secret) memset(secret, 0, strlen(secret));
+    if (secret) explicit_bzero(secret, strlen(secret));
     free(secret);
+    if (token) explicit_bzero(token, strlen(token));
     free(token);
     return rc;
 }

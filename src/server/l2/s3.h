@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/keys.h"
 #include "server/l2/adapter.h"
 
 #define S3_TYPE_NAME "S3L2Adapter"
@@ -21,6 +22,23 @@ int s3_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
  * '/' stays when keep_slash, every other byte becomes %XX (upper-case hex). Writes a NUL-terminated
  * string and returns its length, or -1 when out (outlen bytes) is too small. */
 long s3_uri_encode(const char *in, size_t len, bool keep_slash, char *out, size_t outlen);
+
+/* Longest object key: the prefix (at most 512 bytes) and an escaped L2 object name. */
+#define S3_KEY_MAX (512 + 3 * KEYS_L2_NAME_MAX)
+
+/* The S3 key of an L2 object name (after the prefix): the name with every '%' written "%25" and
+ * the dots of every dot segment ("." or ".." between slashes) written "%2E", so that no server,
+ * proxy or file-system store that resolves dot segments can move the object out of the bucket
+ * and prefix. Reversible; names without '%' and dot segments are unchanged. Returns the length,
+ * or -1 when out (outlen bytes) is too small. */
+long s3_key_escape(const char *name, char *out, size_t outlen);
+/* The inverse: -1 for a key that s3_key_escape cannot have produced (not one of ours). */
+long s3_key_unescape(const char *key, size_t len, char *out, size_t outlen);
+
+/* The URL path of an object below the bucket: prefix + s3_key_escape(name), percent-encoded as
+ * above with '/' kept. It is sent and signed as is (CURLOPT_PATH_AS_IS). Returns the length, or
+ * -1 when the key is longer than S3_KEY_MAX or out is too small (3 * S3_KEY_MAX + 1 is enough). */
+long s3_object_path(const char *prefix, const char *name, char *out, size_t outlen);
 
 /* The opaque page token: base64url (no padding) of a version byte followed by S3's continuation
  * token. encode returns a malloc'd string or NULL (out of memory, or longer than
