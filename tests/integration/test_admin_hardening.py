@@ -205,12 +205,17 @@ def test_shutdown_answers_queued_requests_and_waits_for_running_ones(make_server
     assert "server shutting down" in [o for o in out if o[0] == 503][0][2]
 
 
-def test_trickled_request_is_closed_at_the_request_deadline(make_server):
+@pytest.mark.parametrize("head", [
+    b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+    b"POST /cache/checksums HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 100000\r\n\r\n",
+], ids=["headers", "body"])
+def test_trickled_request_is_closed_at_the_request_deadline(make_server, head):
     s = make_server(["--http-request-timeout-seconds", "2", "--http-idle-timeout-seconds", "60"])
     c = socket.create_connection(("127.0.0.1", s.http_port))
     try:
-        c.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")
-        # One header byte every 0.2 s keeps the idle timeout from ever firing.
+        c.sendall(head)
+        # One byte every 0.2 s keeps the idle timeout from ever firing.
         closed = False
         deadline = time.time() + 30
         while time.time() < deadline and not closed:
@@ -372,6 +377,18 @@ def test_token_required_except_probes(make_server, tmp_path):
     r = curl(s.url + "/status")
     assert curl_status(r) == 401
     assert "WWW-Authenticate: Bearer" in r.stdout
+
+
+def test_token_checked_before_the_body_is_read(make_server, tmp_path):
+    s = make_server(["--admin-token-file", token_file(tmp_path)])
+    c = socket.create_connection(("127.0.0.1", s.http_port), timeout=10)
+    try:
+        c.sendall(b"POST /cache/checksums HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n")
+        head = c.recv(4096)  # no body sent: the answer must not wait for it
+        assert head.startswith(b"HTTP/1.1 401"), head
+    finally:
+        c.close()
 
 
 def test_token_protects_metrics_when_asked(make_server, tmp_path):
