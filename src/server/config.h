@@ -44,8 +44,8 @@ enum opt_type {
     X(admin_queue_size, "admin-queue-size", OPT_INT, "mp", "64", 1, 4096, NULL, 0,                 \
       "Admin requests waiting for a worker; beyond it they get 503 with Retry-After")              \
     X(http_max_connections, "http-max-connections", OPT_INT, "mp", "512", 16, 65536, NULL, 0,      \
-      "Admin API connections; a new one beyond it replaces the oldest one still receiving its "    \
-      "request or idle")                                                                           \
+      "Admin API connections; a new one beyond it replaces the oldest one not running a "          \
+      "handler")                                                                                   \
     X(http_max_connections_per_ip, "http-max-connections-per-ip", OPT_INT, "mp", "32", 1, 65536,   \
       NULL, 0, "Admin API connections one client address may hold open")                           \
     X(http_idle_timeout_seconds, "http-idle-timeout-seconds", OPT_INT, "mp", "15", 1, 86400, NULL, \
@@ -53,7 +53,7 @@ enum opt_type {
     X(http_request_timeout_seconds, "http-request-timeout-seconds", OPT_INT, "mp", "30", 1, 86400, \
       NULL, 0,                                                                                     \
       "Close an admin connection whose request (headers and body) is not complete this long "      \
-      "after it connected or its previous response")                                               \
+      "after it connected or its previous answer, or that takes longer to read an answer")         \
     X(chunk_size, "chunk-size", OPT_INT, "mp", "256", 1, 1048576, NULL, 0,                         \
       "Tokens per cached chunk")                                                                   \
     X(max_workers, "max-workers", OPT_INT, "mp", "1", 1, 256, NULL, 0,                             \

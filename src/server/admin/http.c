@@ -277,7 +277,9 @@ static void rl_warn(struct admin *a, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    buf[strcspn(buf, "\n")] = 0;
+    /* Paths and addresses come from the client: no control characters into the log. */
+    for (char *c = buf; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     if (dropped)
         log_warn(lg(), "%s (%lu similar messages suppressed in the last %.0f s)", buf, dropped,
                  LOG_WINDOW_S);
@@ -314,11 +316,11 @@ static void count_dropped(struct admin *a, const char *reason, unsigned n) {
 
 /* libmicrohttpd's own timeout is an idle timeout: a client that trickles one header byte
  * at a time keeps a connection forever. The admin therefore keeps every connection in a
- * list with a deadline for its current request (armed when it connects and after each
- * response, cleared while a handler runs); the reaper shuts down the socket of one that
- * misses it. shutdown() (not close()) leaves the descriptor to libmicrohttpd, which sees
- * end-of-file and closes the connection itself; the CLOSED notification, which comes before
- * libmicrohttpd closes the descriptor, unlinks it under track_mu, so a descriptor is never
+ * list with a deadline for its current request (armed when it connects, when its answer is
+ * queued and after the answer is sent; cleared while a handler runs); the reaper shuts down the
+ * socket of one that misses it. shutdown() (not close()) leaves the descriptor to libmicrohttpd,
+ * which sees end-of-file and closes the connection itself; the CLOSED notification, which comes
+ * before libmicrohttpd closes the descriptor, unlinks it under track_mu, so a descriptor is never
  * shut down after it was closed and reused. */
 
 static struct conn_track *track_of(struct MHD_Connection *c) {
@@ -474,6 +476,8 @@ static enum MHD_Result respond(struct admin *a, struct conn_ctx *ctx, const char
     metric_observe(metric_labels(a->duration, dl), clock_mono() - ctx->started);
     log_debug(lg(), "%s %s -> %d", method, url, resp->status);
     ctx->state = REQ_ANSWERED;
+    /* The answer must be taken within the same time a request gets to arrive. */
+    track_set_deadline(a, ctx->conn, clock_mono() + a->request_timeout_s);
     return queue(ctx->conn, resp);
 }
 
