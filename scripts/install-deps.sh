@@ -15,6 +15,8 @@ PKGS=(
   # tests
   libcmocka-dev python3-pytest python3-requests python3-zmq python3-msgpack
   python3-grpcio python3-protobuf python3-yaml prometheus curl procps systemd
+  # admin API HTTPS tests (test certificate)
+  openssl
 )
 
 missing=()

@@ -46,6 +46,31 @@ enum opt_type {
       "Host to bind the HTTP admin server")                                                        \
     X(http_port, "http-port", OPT_INT, "mp", "8080", 1, 65535, NULL, 0,                            \
       "Port to bind the HTTP admin server")                                                        \
+    X(http_tls_cert, "http-tls-cert", OPT_STR, "mp", "", 0, -1, NULL, 0,                           \
+      "PEM certificate (chain) file: serve the admin API over HTTPS (with --http-tls-key)")        \
+    X(http_tls_key, "http-tls-key", OPT_STR, "mp", "", 0, -1, NULL, 0,                             \
+      "PEM private key file of --http-tls-cert")                                                   \
+    X(admin_token_file, "admin-token-file", OPT_STR, "mp", "", 0, -1, NULL, 0,                     \
+      "File holding the bearer token every admin route except /, /healthcheck and /metrics "       \
+      "requires (empty: no authentication)")                                                       \
+    X(admin_token_protects_metrics, "admin-token-protects-metrics", OPT_BOOL, "mp", "false", 0,    \
+      -1, NULL, 0, "GET /metrics also requires the --admin-token-file token")                      \
+    X(admin_workers, "admin-workers", OPT_INT, "mp", "4", 2, 64, NULL, 0,                          \
+      "Admin API threads that run the handlers which may wait (all but /, /healthcheck, "          \
+      "/metrics); long-running routes may occupy all but one of them")                             \
+    X(admin_queue_size, "admin-queue-size", OPT_INT, "mp", "64", 1, 4096, NULL, 0,                 \
+      "Admin requests waiting for a worker; beyond it they get 503 with Retry-After")              \
+    X(http_max_connections, "http-max-connections", OPT_INT, "mp", "512", 16, 65536, NULL, 0,      \
+      "Admin API connections; a new one beyond it replaces the oldest one not running a "          \
+      "handler")                                                                                   \
+    X(http_max_connections_per_ip, "http-max-connections-per-ip", OPT_INT, "mp", "32", 1, 65536,   \
+      NULL, 0, "Admin API connections one client address may hold open")                           \
+    X(http_idle_timeout_seconds, "http-idle-timeout-seconds", OPT_INT, "mp", "15", 1, 86400, NULL, \
+      0, "Close an admin connection that sends or accepts nothing for this long")                  \
+    X(http_request_timeout_seconds, "http-request-timeout-seconds", OPT_INT, "mp", "30", 1, 86400, \
+      NULL, 0,                                                                                     \
+      "Close an admin connection whose request (headers and body) is not complete this long "      \
+      "after it connected or its previous answer, or that takes longer to read an answer")         \
     X(chunk_size, "chunk-size", OPT_INT, "mp", "256", 1, 1048576, NULL, 0,                         \
       "Tokens per cached chunk")                                                                   \
     X(max_workers, "max-workers", OPT_INT, "mp", "1", 1, 256, NULL, 0,                             \

@@ -39,6 +39,13 @@ int server_main(int argc, char **argv) {
     }
     if (cfg.log_level) log_set_level(log_get("lmcache"), log_level_parse(cfg.log_level));
     struct logger *lg = log_get("lmcache.server");
+    /* Token and TLS files are option values: a bad one is reported before anything starts. */
+    struct admin_options aopt;
+    if (admin_options_load(&aopt, &cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lmcache server: error: %s\n", err);
+        config_free(&cfg);
+        return 2;
+    }
 
     /* Signals are taken by sigwait in this thread only; every thread created from
      * here on inherits the mask. */
@@ -53,6 +60,7 @@ int server_main(int argc, char **argv) {
     static struct engine engine;
     if (engine_create(&engine, &cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "lmcache server: error: %s\n", err);
+        admin_options_free(&aopt);
         config_free(&cfg);
         return 1;
     }
@@ -62,18 +70,22 @@ int server_main(int argc, char **argv) {
     if (crc < 0) {
         fprintf(stderr, "lmcache server: error: %s\n", err);
         engine_destroy(&engine);
+        admin_options_free(&aopt);
         config_free(&cfg);
         return crc == ENGINE_ERR_CONFIG ? 2 : 1;
     }
-    struct admin *admin = admin_start(&engine, cfg.http_host, (int)cfg.http_port, err, sizeof(err));
+    struct admin *admin = admin_start(&engine, &aopt, err, sizeof(err));
+    int tls = aopt.tls_cert != NULL, auth = aopt.token_set;
+    admin_options_free(&aopt);
     if (!admin) {
         log_error(lg, "HTTP admin API: %s", err);
         engine_destroy(&engine);
         config_free(&cfg);
         return 1;
     }
-    log_info(lg, "LMCache HTTP API is running on http://%s:%ld (instance %s)", cfg.http_host,
-             cfg.http_port, engine.instance_id);
+    log_info(lg, "LMCache HTTP API is running on %s://%s:%ld (instance %s%s)",
+             tls ? "https" : "http", cfg.http_host, cfg.http_port, engine.instance_id,
+             auth ? ", bearer token required" : "");
 
     /* Test hook: hold the engine back so probes can observe the not-ready state. */
     const char *delay = getenv("LMCACHE_TEST_INIT_DELAY_MS");

@@ -220,8 +220,8 @@ out:
 
 const struct http_route CACHE_ROUTES[] = {
     {"POST", "/cache/checksums", h_checksums, "{\"error\":\"engine not initialized\"}",
-     "MD5 checksums over engine KV blocks"},
+     "MD5 checksums over engine KV blocks", HTTP_SLOW},
     {"POST", "/cache/clear", h_clear, "{\"detail\":\"server not initialized\"}",
-     "Force-clear a tier (l1)"},
-    {NULL, NULL, NULL, NULL, NULL},
+     "Force-clear a tier (l1)", HTTP_SLOW},
+    {NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -129,11 +129,12 @@ static void h_run_script(struct http_req *req, struct http_resp *resp) {
 }
 
 const struct http_route DIAG_ROUTES[] = {
-    {"GET", "/threads", h_threads, NULL, "Every thread of the process with its stack"},
-    {"GET", "/periodic-threads", h_periodic, NULL, "Periodic thread registry snapshot"},
-    {"GET", "/periodic-threads/{thread_name}", h_periodic_one, NULL, "One periodic thread"},
-    {"GET", "/periodic-threads-health", h_periodic_health, NULL, "Critical/high thread health"},
-    {"GET", "/env", h_env, NULL, "Process environment (secrets redacted by default)"},
-    {"POST", "/run_script", h_run_script, NULL, "Run an uploaded Python script (opt-in)"},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"GET", "/threads", h_threads, NULL, "Every thread of the process with its stack", HTTP_SLOW},
+    {"GET", "/periodic-threads", h_periodic, NULL, "Periodic thread registry snapshot", 0},
+    {"GET", "/periodic-threads/{thread_name}", h_periodic_one, NULL, "One periodic thread", 0},
+    {"GET", "/periodic-threads-health", h_periodic_health, NULL, "Critical/high thread health", 0},
+    {"GET", "/env", h_env, NULL, "Process environment (secrets redacted by default)", 0},
+    {"POST", "/run_script", h_run_script, NULL, "Run an uploaded Python script (opt-in)",
+     HTTP_SLOW},
+    {NULL, NULL, NULL, NULL, NULL, 0},
 };

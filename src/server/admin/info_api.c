@@ -51,13 +51,15 @@ static void h_commit_id(struct http_req *req, struct http_resp *resp) {
 #define UNREADY "{\"error\":\"engine not initialized\"}"
 
 const struct http_route INFO_ROUTES[] = {
-    {"GET", "/", h_root, NULL, "Static liveness ping (does not touch the engine)"},
-    {"GET", "/healthcheck", h_healthcheck, NULL, "Liveness/readiness probe; 503 until ready"},
-    {"GET", "/status", h_status, UNREADY, "Detailed engine snapshot"},
-    {"GET", "/config", h_config, NULL, "The parsed server configuration"},
-    {"GET", "/config/adapters", h_adapters, UNREADY, "The live L2 adapters"},
-    {"GET", "/version", h_version, NULL, "Combined version string"},
-    {"GET", "/lmc_version", h_lmc_version, NULL, "Package version string"},
-    {"GET", "/commit_id", h_commit_id, NULL, "Build commit id"},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"GET", "/", h_root, NULL, "Static liveness ping (does not touch the engine)",
+     HTTP_INLINE | HTTP_OPEN},
+    {"GET", "/healthcheck", h_healthcheck, NULL, "Liveness/readiness probe; 503 until ready",
+     HTTP_INLINE | HTTP_OPEN},
+    {"GET", "/status", h_status, UNREADY, "Detailed engine snapshot", 0},
+    {"GET", "/config", h_config, NULL, "The parsed server configuration", 0},
+    {"GET", "/config/adapters", h_adapters, UNREADY, "The live L2 adapters", 0},
+    {"GET", "/version", h_version, NULL, "Combined version string", 0},
+    {"GET", "/lmc_version", h_lmc_version, NULL, "Package version string", 0},
+    {"GET", "/commit_id", h_commit_id, NULL, "Build commit id", 0},
+    {NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -323,9 +323,12 @@ static void h_prefetch_status(struct http_req *req, struct http_resp *resp) {
 #define UNREADY "{\"detail\":\"engine not initialized\"}"
 
 const struct http_route L2_ROUTES[] = {
-    {"GET", "/cache/objects", h_list, UNREADY, "Page through the objects of an L2 adapter"},
-    {"DELETE", "/cache/objects", h_delete, UNREADY, "Delete keys from an L2 adapter"},
-    {"POST", "/cache/prefetches", h_prefetch, UNREADY, "Warm L1 from L2 for a token sequence"},
-    {"GET", "/cache/prefetches/{request_id}", h_prefetch_status, UNREADY, "Poll a warm prefetch"},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"GET", "/cache/objects", h_list, UNREADY, "Page through the objects of an L2 adapter",
+     HTTP_SLOW},
+    {"DELETE", "/cache/objects", h_delete, UNREADY, "Delete keys from an L2 adapter", HTTP_SLOW},
+    {"POST", "/cache/prefetches", h_prefetch, UNREADY, "Warm L1 from L2 for a token sequence",
+     HTTP_SLOW},
+    {"GET", "/cache/prefetches/{request_id}", h_prefetch_status, UNREADY, "Poll a warm prefetch",
+     0},
+    {NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -68,8 +68,9 @@ static void h_loglevel(struct http_req *req, struct http_resp *resp) {
 }
 
 const struct http_route OBS_ROUTES[] = {
-    {"GET", "/metrics", h_metrics, NULL, "Prometheus exposition format"},
-    {"POST", "/metrics/reset", h_metrics_reset, NULL, "Reset every metric"},
-    {"GET", "/loglevel", h_loglevel, NULL, "List, read or set logger levels"},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"GET", "/metrics", h_metrics, NULL, "Prometheus exposition format",
+     HTTP_INLINE | HTTP_OPEN_METRICS},
+    {"POST", "/metrics/reset", h_metrics_reset, NULL, "Reset every metric", 0},
+    {"GET", "/loglevel", h_loglevel, NULL, "List, read or set logger levels", 0},
+    {NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -115,9 +115,9 @@ static void h_list(struct http_req *req, struct http_resp *resp) {
 #define UNREADY "{\"error\":\"engine not initialized\"}"
 
 const struct http_route QUOTA_ROUTES[] = {
-    {"GET", "/quota", h_list, UNREADY, "Every registered quota with live usage"},
-    {"PUT", "/quota/{cache_salt}", h_put, UNREADY, "Set a salt's quota in GB"},
-    {"GET", "/quota/{cache_salt}", h_get, UNREADY, "A salt's quota and live usage"},
-    {"DELETE", "/quota/{cache_salt}", h_delete, UNREADY, "Remove a salt's quota"},
-    {NULL, NULL, NULL, NULL, NULL},
+    {"GET", "/quota", h_list, UNREADY, "Every registered quota with live usage", 0},
+    {"PUT", "/quota/{cache_salt}", h_put, UNREADY, "Set a salt's quota in GB", 0},
+    {"GET", "/quota/{cache_salt}", h_get, UNREADY, "A salt's quota and live usage", 0},
+    {"DELETE", "/quota/{cache_salt}", h_delete, UNREADY, "Remove a salt's quota", 0},
+    {NULL, NULL, NULL, NULL, NULL, 0},
 };

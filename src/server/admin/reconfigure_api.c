@@ -112,8 +112,8 @@ static void h_operation(struct http_req *req, struct http_resp *resp) {
 
 const struct http_route RECONFIGURE_ROUTES[] = {
     {"GET", "/reconfigure/{backend}/status", h_status, UNREADY,
-     "Runtime-manageable L2 adapters of one backend type"},
+     "Runtime-manageable L2 adapters of one backend type", 0},
     {"POST", "/reconfigure/{backend}/{operation}", h_operation, UNREADY,
-     "Apply one runtime reconfiguration operation to a backend adapter"},
-    {NULL, NULL, NULL, NULL, NULL},
+     "Apply one runtime reconfiguration operation to a backend adapter", HTTP_SLOW},
+    {NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -49,17 +49,24 @@ static struct logger *lg(void) {
 
 /* argv: prelude, admin base URL, allowed imports (comma separated). */
 static const char PRELUDE[] =
-    "import sys, os, json, builtins, urllib.request\n"
+    "import sys, os, json, builtins, ssl, urllib.request\n"
     "base, allowed = sys.argv[1], [m for m in sys.argv[2].split(',') if m]\n"
     "out = os.fdopen(3, 'w')\n"
+    "# The first line of stdin says how to get in: the bearer token (or null).\n"
+    "auth = json.loads(sys.stdin.readline())\n"
+    "hdrs = {'Content-Type': 'application/json'}\n"
+    "if auth.get('token'): hdrs['Authorization'] = 'Bearer ' + auth['token']\n"
+    "# HTTPS to this very server on loopback: its certificate names its public host, not\n"
+    "# 127.0.0.1, and nothing else can listen on its port, so the name is not checked.\n"
+    "tls = ssl._create_unverified_context() if base.startswith('https:') else None\n"
     "class App:\n"
     "    '''Client of this server's admin API, the `app` of the script globals.'''\n"
     "    def request(self, method, path, body=None):\n"
     "        data = None if body is None else json.dumps(body).encode()\n"
-    "        req = urllib.request.Request(base + path, data=data, method=method,\n"
-    "                                     headers={'Content-Type': 'application/json'})\n"
+    "        req = urllib.request.Request(base + path, data=data, method=method, headers=hdrs)\n"
     "        try:\n"
-    "            with urllib.request.urlopen(req, timeout=10) as r: raw = r.read().decode()\n"
+    "            with urllib.request.urlopen(req, timeout=10, context=tls) as r:\n"
+    "                raw = r.read().decode()\n"
     "        except urllib.error.HTTPError as e: raw = e.read().decode()\n"
     "        try: return json.loads(raw)\n"
     "        except ValueError: return raw\n"
@@ -521,7 +528,8 @@ void run_script_handle(struct http_req *req, struct http_resp *resp) {
     char base[300], allowed[1024] = "";
     const char *host = cfg->http_host;
     if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !*host) host = "127.0.0.1";
-    snprintf(base, sizeof(base), strchr(host, ':') ? "http://[%s]:%ld" : "http://%s:%ld", host,
+    const char *scheme = req->admin_tls ? "https" : "http";
+    snprintf(base, sizeof(base), strchr(host, ':') ? "%s://[%s]:%ld" : "%s://%s:%ld", scheme, host,
              cfg->http_port);
     size_t i;
     json_t *m;
@@ -538,11 +546,25 @@ void run_script_handle(struct http_req *req, struct http_resp *resp) {
         .max_file_mb = cfg->run_script_max_file_mb,
         .user = cfg->run_script_user,
     };
-    int status;
-    char *body;
-    size_t blen;
-    run_script_run(&lim, base, allowed, u.script.buf ? u.script.buf : "", u.script.len, &status,
-                   &body, &blen);
+    /* stdin: one JSON line with the admin token (the script acts with the operator's
+     * authority, which it has anyway: it is code run by the daemon), then the script. */
+    struct strbuf in = STRBUF_INIT;
+    json_t *auth = json_pack("{s:s?}", "token", req->admin_token);
+    char *line = auth ? json_dumps(auth, JSON_COMPACT) : NULL;
+    json_decref(auth);
+    int status = 500;
+    char *body = NULL;
+    size_t blen = 0;
+    if (line) {
+        sb_append(&in, line, strlen(line));
+        sb_append(&in, "\n", 1);
+        if (u.script.len) sb_append(&in, u.script.buf, u.script.len);
+        explicit_bzero(line, strlen(line));
+        free(line);
+        run_script_run(&lim, base, allowed, in.buf, in.len, &status, &body, &blen);
+    }
+    if (in.buf) explicit_bzero(in.buf, in.len);
+    sb_free(&in);
     sb_free(&u.script);
     if (body)
         http_text_own(resp, status, body, blen);
