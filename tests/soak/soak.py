@@ -174,6 +174,10 @@ class Engine(threading.Thread):
                     print(f"{self.name}: {e!r}", file=sys.stderr)
                     c.close()
                     c = dp_util.DPClient(self.port)
+                    try:  # a registration belongs to its connection: register the new one
+                        self.register(c, kv)
+                    except Exception as e2:
+                        print(f"{self.name}: register: {e2!r}", file=sys.stderr)
         finally:
             c.close()
             kv.close()
