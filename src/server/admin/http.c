@@ -30,6 +30,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/ratelimit.h"
 #include "base/strbuf.h"
 #include "server/admin/pathparam.h"
 #include "server/config.h"
@@ -246,10 +247,7 @@ struct admin {
     pthread_t reaper;
 
     /* Log rate limit for per-connection warnings. */
-    pthread_mutex_t log_mu;
-    double log_window;
-    unsigned log_count;
-    unsigned long log_suppressed;
+    struct ratelimit log_rl;
 };
 
 /* Per-connection warnings (limits reached, timeouts, failed authentication) come at the
@@ -257,23 +255,8 @@ struct admin {
  * number dropped is reported with the next one logged. */
 static void rl_warn(struct admin *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void rl_warn(struct admin *a, const char *fmt, ...) {
-    double now = clock_mono();
-    unsigned long dropped = 0;
-    int ok;
-    pthread_mutex_lock(&a->log_mu);
-    if (now - a->log_window >= LOG_WINDOW_S) {
-        dropped = a->log_suppressed;
-        a->log_suppressed = 0;
-        a->log_window = now;
-        a->log_count = 0;
-    }
-    ok = a->log_count < LOG_PER_WINDOW;
-    if (ok)
-        a->log_count++;
-    else
-        a->log_suppressed++;
-    pthread_mutex_unlock(&a->log_mu);
-    if (!ok) return;
+    unsigned long dropped;
+    if (!ratelimit_allow(&a->log_rl, clock_mono(), &dropped)) return;
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
@@ -903,7 +886,7 @@ static void admin_free(struct admin *a) {
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->track_mu);
     pthread_cond_destroy(&a->track_cv);
-    pthread_mutex_destroy(&a->log_mu);
+    pthread_mutex_destroy(&a->log_rl.mu);
     free(a);
 }
 
@@ -952,7 +935,6 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     a->max_connections = o->max_connections;
     a->queue_size = o->queue_size;
     a->max_slow = o->workers - 1; /* the options keep workers >= 2 */
-    a->log_window = clock_mono();
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     pthread_mutex_init(&a->track_mu, NULL);
@@ -961,7 +943,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&a->track_cv, &ca);
     pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&a->log_mu, NULL);
+    a->log_rl = (struct ratelimit)RATELIMIT_INIT(LOG_WINDOW_S, LOG_PER_WINDOW);
     if (o->token && !(a->token = strdup(o->token))) {
         freeaddrinfo(res);
         admin_free(a);

@@ -16,7 +16,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "base/clock.h"
 #include "base/log.h"
+#include "base/ratelimit.h"
 
 #define MAX_KEYS      100000
 #define MAX_FILE_SIZE (16u << 20)
@@ -28,6 +30,7 @@ struct dp_zap {
     unsigned char (*keys)[32]; /* sorted */
     size_t nkeys;
     struct logger *lg;
+    struct ratelimit refused_log; /* refused handshakes come at the rate a stranger chooses */
 };
 
 static int is_z85(char c) {
@@ -215,8 +218,12 @@ static void zap_serve(struct dp_zap *z) {
             zmq_z85_encode(user, key, 32);
         } else {
             char shown[CURVE_Z85_LEN + 1];
+            unsigned long dropped;
             zmq_z85_encode(shown, key, 32);
-            log_warn(z->lg, "CURVE client key %s is not allowed", shown);
+            if (ratelimit_allow(&z->refused_log, clock_mono(), &dropped))
+                log_warn(z->lg,
+                         "CURVE client key %s is not allowed (%lu similar refusals not logged)",
+                         shown, dropped);
         }
     } else if (n >= 6 && zmq_msg_size(&f[5]) == 4 && !memcmp(zmq_msg_data(&f[5]), "NULL", 4)) {
         /* Sockets without CURVE (the ipc endpoint) are not this handler's to judge. */
@@ -252,6 +259,7 @@ struct dp_zap *dp_zap_start(void *zctx, const char *allowed, char *err, size_t e
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    z->refused_log = (struct ratelimit)RATELIMIT_INIT(10.0, 10);
     z->lg = log_get("lmcache.zmq");
     if (load_keys(z, allowed, err, errlen) < 0) goto fail;
     z->sock = zmq_socket(zctx, ZMQ_REP);
