@@ -103,8 +103,8 @@ enum opt_type {
     X(script_allowed_imports, "script-allowed-imports", OPT_STRLIST, "mp", NULL, 0, -1, NULL, 0,   \
       "Modules a /run_script script may import (a convenience, not a security boundary)")          \
     X(run_script_user, "run-script-user", OPT_STR, "mp", "nobody", 0, -1, NULL, 0,                 \
-      "User (name or uid) /run_script scripts run as when the server runs as root; never root; "  \
-      "best one that runs nothing else")                                                          \
+      "User (name or uid) /run_script scripts run as when the server runs as root; never root; "   \
+      "best one that runs nothing else")                                                           \
     X(run_script_timeout_seconds, "run-script-timeout-seconds", OPT_FLOAT, "mp", "30", 0.1, 3600,  \
       NULL, 0, "Wall-clock limit of a /run_script script; then its process group is killed")       \
     X(run_script_cpu_seconds, "run-script-cpu-seconds", OPT_INT, "mp", "10", 1, 3600, NULL, 0,     \
