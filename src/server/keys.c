@@ -2,6 +2,7 @@
 #include "server/keys.h"
 
 #include "base/errbuf.h"
+#include "base/hash.h"
 
 #include <openssl/evp.h>
 #include <openssl/sha.h>
@@ -313,11 +314,7 @@ struct keys_intern {
     uint32_t free_head, free_n;
 };
 
-static uint32_t str_hash(const char *s, size_t len) {
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
-    return h;
-}
+static uint32_t str_hash(const char *s, size_t len) { return fnv1a32(s, len); }
 
 struct keys_intern *keys_intern_create(uint32_t max_ids) {
     if (max_ids == 0 || max_ids > (1u << 24)) return NULL;

@@ -17,6 +17,7 @@
 #include "server/l2/fs.h"
 #include "server/config.h"
 #include "server/l2/s3.h"
+#include "base/hash.h"
 
 /* One row per adapter type. */
 static const struct {
@@ -82,11 +83,7 @@ struct l2_salt_usage {
     struct salt_node *b[SALT_BUCKETS];
 };
 
-static unsigned salt_hash(const char *s) {
-    unsigned h = 2166136261u;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
-    return h % SALT_BUCKETS;
-}
+static unsigned salt_hash(const char *s) { return fnv1a32_str(s) % SALT_BUCKETS; }
 
 /* Caller holds acct_mu. delta_bytes/delta_objects are signed; underflow clamps at 0. */
 static void do_salt_add(struct l2_adapter *a, const char *salt, int64_t dbytes, int64_t dobj) {

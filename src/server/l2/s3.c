@@ -32,6 +32,7 @@
 #include "base/log.h"
 #include "base/strbuf.h"
 #include "server/l2/s3_xml.h"
+#include "base/hash.h"
 
 #define S3_ERR_MAX         512
 #define S3_BODY_MAX        (16u << 20) /* largest listing or error body we keep */
@@ -325,11 +326,7 @@ static void set_error(struct s3 *s, bool auth, const char *fmt, ...) {
 
 /* ---- size cache ----------------------------------------------------------------------------- */
 
-static unsigned name_hash(const char *s) {
-    unsigned h = 2166136261u;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
-    return h & (S3_MAP_BUCKETS - 1);
-}
+static unsigned name_hash(const char *s) { return fnv1a32_str(s) & (S3_MAP_BUCKETS - 1); }
 
 /* Caller holds map_mu. */
 static struct s3_ent *do_ent_find(struct s3 *s, const char *name) {
