@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/htab.h"
+
 #define MEM_MAGIC 0x4d53544fu
 
 static const char *TIER_LABELS[MSTORE_NTIERS] = {"UNKNOWN", "HBM", "DRAM", "SSD"};
@@ -68,7 +70,7 @@ struct xplace {
 };
 
 struct xent {
-    struct xent *next;
+    struct htab_node hn; /* first: a bucket head points at the entry itself */
     struct xplace *pl;
     uint64_t hits;
     int64_t last_seen;
@@ -85,11 +87,11 @@ struct xrev {
 
 struct xshard {
     pthread_mutex_t lock;
-    /* Atomic only so mem_ext_match may read them unlocked for a prefetch hint; every
-     * real access is under lock. */
-    struct xent **_Atomic b;
-    _Atomic size_t nb;
-    size_t n;
+    struct htab t; /* of xent, by hv */
+    /* Copies of t.b and t.nb that mem_ext_match may read unlocked for a prefetch hint;
+     * refreshed under lock after every insert. */
+    struct htab_node **_Atomic hint_b;
+    _Atomic size_t hint_nb;
     struct xrev (*rev)[MSTORE_NTIERS]; /* indexed by node */
     uint32_t nrev;
 } __attribute__((aligned(64)));
@@ -103,7 +105,7 @@ struct bloc {
 };
 
 struct bent {
-    struct bent *next;
+    struct htab_node hn;
     struct bloc *locs;
     uint32_t nloc, loccap;
     uint32_t hv;
@@ -114,8 +116,7 @@ struct bent {
 
 struct bshard {
     pthread_mutex_t lock;
-    struct bent **b;
-    size_t nb, n;
+    struct htab t; /* of bent, by hv */
 } __attribute__((aligned(64)));
 
 struct mem {
@@ -226,37 +227,30 @@ static void do_record_clear(struct node *n) {
 
 /* ---- xshard helpers (caller holds the shard lock) ---- */
 
+#define XENT(n) HTAB_ENTRY(n, struct xent, hn)
+#define BENT(n) HTAB_ENTRY(n, struct bent, hn)
+
+/* The tables' growth callbacks: entries keep their 32-bit hash. */
+static uint64_t xent_hash(const struct htab_node *n, void *arg) {
+    (void)arg;
+    return XENT(n)->hv;
+}
+
+static uint64_t bent_hash(const struct htab_node *n, void *arg) {
+    (void)arg;
+    return BENT(n)->hv;
+}
+
 static struct xent *do_xfind(struct xshard *sh, const char *k, size_t klen, uint32_t hv) {
-    for (struct xent *e = sh->b[hv & (sh->nb - 1)]; e; e = e->next)
+    for (struct htab_node *n = *htab_bucket(&sh->t, hv); n; n = n->next) {
+        struct xent *e = XENT(n);
         if (e->hv == hv && e->klen == klen && memcmp(e->key, k, klen) == 0) return e;
+    }
     return NULL;
 }
 
-/* Doubles a shard's bucket array (entry type T with `next` and `hv`); on allocation failure the
- * chains just stay longer. The caller holds the shard's lock. */
-#define DO_GROW(T, sh)                                                                             \
-    do {                                                                                           \
-        size_t nb_ = (sh)->nb * 2;                                                                 \
-        T **b_ = xcalloc(nb_, sizeof(*b_));                                                        \
-        if (!b_) break;                                                                            \
-        for (size_t i_ = 0; i_ < (sh)->nb; i_++)                                                   \
-            for (T *e_ = (sh)->b[i_], *nx_; e_; e_ = nx_) {                                        \
-                nx_ = e_->next;                                                                    \
-                e_->next = b_[e_->hv & (nb_ - 1)];                                                 \
-                b_[e_->hv & (nb_ - 1)] = e_;                                                       \
-            }                                                                                      \
-        free((sh)->b);                                                                             \
-        (sh)->b = b_;                                                                              \
-        (sh)->nb = nb_;                                                                            \
-    } while (0)
-
-static void do_xgrow(struct xshard *sh) { DO_GROW(struct xent, sh); }
-
 static void do_xunlink_free(struct mem *m, struct xshard *sh, struct xent *e) {
-    struct xent **pp = &sh->b[e->hv & (sh->nb - 1)];
-    while (*pp != e) pp = &(*pp)->next;
-    *pp = e->next;
-    sh->n--;
+    htab_remove(&sh->t, &e->hn, e->hv);
     atomic_fetch_sub(&m->xbytes, sizeof(*e) + e->klen + 1 + e->plcap * sizeof(struct xplace));
     free(e->pl);
     free(e);
@@ -293,10 +287,9 @@ static int do_xadd(struct mem *m, struct xshard *sh, const char *k, uint32_t hv,
         memcpy(e->key, k, klen);
         e->klen = (uint16_t)klen;
         e->hv = hv;
-        if (sh->n >= sh->nb) do_xgrow(sh);
-        e->next = sh->b[hv & (sh->nb - 1)];
-        sh->b[hv & (sh->nb - 1)] = e;
-        sh->n++;
+        htab_insert(&sh->t, &e->hn, hv);
+        atomic_store_explicit(&sh->hint_b, sh->t.b, memory_order_relaxed);
+        atomic_store_explicit(&sh->hint_nb, sh->t.nb, memory_order_relaxed);
         atomic_fetch_add(&m->xbytes, sizeof(*e) + klen + 1);
     }
     struct xplace *p = xplace_of(e, node);
@@ -385,21 +378,18 @@ static void wipe_ext_node(struct mem *m, uint32_t node) {
 /* ---- bshard helpers ---- */
 
 static struct bent *do_bfind(struct bshard *sh, const char *k, uint32_t hv) {
-    for (struct bent *e = sh->b[hv & (sh->nb - 1)]; e; e = e->next)
+    for (struct htab_node *n = *htab_bucket(&sh->t, hv); n; n = n->next) {
+        struct bent *e = BENT(n);
         if (e->hv == hv && strcmp(e->key, k) == 0) return e;
+    }
     return NULL;
 }
 
 static void do_bunlink_free(struct bshard *sh, struct bent *e) {
-    struct bent **pp = &sh->b[e->hv & (sh->nb - 1)];
-    while (*pp != e) pp = &(*pp)->next;
-    *pp = e->next;
-    sh->n--;
+    htab_remove(&sh->t, &e->hn, e->hv);
     free(e->locs);
     free(e);
 }
-
-static void do_bgrow(struct bshard *sh) { DO_GROW(struct bent, sh); }
 
 static struct bshard *bshard_of(struct mem *m, uint64_t h) {
     return &m->bs[(h >> 40) & (m->nshards - 1)];
@@ -423,10 +413,7 @@ static int block_add(struct mem *m, const char *k, uint32_t node, int tier, uint
         memcpy(e->key, k, kl);
         e->hv = (uint32_t)h;
         e->created = e->lacc = now;
-        if (sh->n >= sh->nb) do_bgrow(sh);
-        e->next = sh->b[e->hv & (sh->nb - 1)];
-        sh->b[e->hv & (sh->nb - 1)] = e;
-        sh->n++;
+        htab_insert(&sh->t, &e->hn, e->hv);
     }
     for (uint32_t i = 0; i < e->nloc; i++)
         if (e->locs[i].node == node && e->locs[i].tier == tier) {
@@ -471,9 +458,10 @@ static void wipe_blocks_node(struct mem *m, uint32_t node) {
     for (uint32_t s = 0; s < m->nshards; s++) {
         struct bshard *sh = &m->bs[s];
         pthread_mutex_lock(&sh->lock);
-        for (size_t i = 0; i < sh->nb; i++)
-            for (struct bent *e = sh->b[i], *nx; e; e = nx) {
-                nx = e->next;
+        for (size_t i = 0; i < sh->t.nb; i++)
+            for (struct htab_node *n = sh->t.b[i], *nx; n; n = nx) {
+                nx = n->next;
+                struct bent *e = BENT(n);
                 for (uint32_t j = 0; j < e->nloc;)
                     if (e->locs[j].node == node)
                         e->locs[j] = e->locs[--e->nloc];
@@ -492,25 +480,25 @@ static void mem_destroy(struct mstore *s) {
     if (!m) return;
     for (uint32_t i = 0; i < m->nshards; i++) {
         struct xshard *xs = &m->xs[i];
-        for (size_t b = 0; b < xs->nb; b++)
-            for (struct xent *e = xs->b[b], *nx; e; e = nx) {
-                nx = e->next;
-                free(e->pl);
-                free(e);
+        for (size_t b = 0; b < xs->t.nb; b++)
+            for (struct htab_node *n = xs->t.b[b], *nx; n; n = nx) {
+                nx = n->next;
+                free(XENT(n)->pl);
+                free(XENT(n));
             }
-        free(xs->b);
+        htab_fini(&xs->t);
         for (uint32_t n = 0; n < xs->nrev; n++)
             for (int t = 0; t < MSTORE_NTIERS; t++) free(xs->rev[n][t].v);
         free(xs->rev);
         pthread_mutex_destroy(&xs->lock);
         struct bshard *bs = &m->bs[i];
-        for (size_t b = 0; b < bs->nb; b++)
-            for (struct bent *e = bs->b[b], *nx; e; e = nx) {
-                nx = e->next;
-                free(e->locs);
-                free(e);
+        for (size_t b = 0; b < bs->t.nb; b++)
+            for (struct htab_node *n = bs->t.b[b], *nx; n; n = nx) {
+                nx = n->next;
+                free(BENT(n)->locs);
+                free(BENT(n));
             }
-        free(bs->b);
+        htab_fini(&bs->t);
         pthread_mutex_destroy(&bs->lock);
     }
     for (uint32_t i = 0; i < m->nnodes; i++) {
@@ -920,19 +908,17 @@ static int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t
     for (size_t i = 0; !rc && i < n; i++) {
         if (!first[i]) continue;
         struct xshard *sh = xshard_of(m, hv[i]);
-        uintptr_t b = (uintptr_t)atomic_load_explicit(&sh->b, memory_order_relaxed);
-        size_t nb = atomic_load_explicit(&sh->nb, memory_order_relaxed);
-        __builtin_prefetch((const void *)(b + (hv[i] & (nb - 1)) * sizeof(struct xent *)));
+        uintptr_t b = (uintptr_t)atomic_load_explicit(&sh->hint_b, memory_order_relaxed);
+        size_t nb = atomic_load_explicit(&sh->hint_nb, memory_order_relaxed);
+        __builtin_prefetch((const void *)(b + (hv[i] & (nb - 1)) * sizeof(struct htab_node *)));
     }
     for (uint32_t k = 0; !rc && k < m->nshards; k++) {
         uint32_t lo = sstart[k], hi = sstart[k + 1];
         if (lo == hi) continue;
         struct xshard *sh = &m->xs[k];
         pthread_mutex_lock(&sh->lock);
-        size_t bm = sh->nb - 1;
-        struct xent **bk = sh->b;
         for (uint32_t j = lo; j < hi; j++) {
-            struct xent *e = bk[hv[order[j]] & bm];
+            struct htab_node *e = *htab_bucket(&sh->t, (uint32_t)hv[order[j]]);
             if (e) { /* header and key: a 64-byte key straddles two lines */
                 __builtin_prefetch(e);
                 __builtin_prefetch((const char *)e + 64);
@@ -1100,9 +1086,10 @@ static size_t mem_hit_gc(struct mstore *s, int64_t cutoff) {
     for (uint32_t sidx = 0; sidx < m->nshards; sidx++) {
         struct xshard *sh = &m->xs[sidx];
         pthread_mutex_lock(&sh->lock);
-        for (size_t b = 0; b < sh->nb; b++)
-            for (struct xent *e = sh->b[b], *nx; e; e = nx) {
-                nx = e->next;
+        for (size_t b = 0; b < sh->t.nb; b++)
+            for (struct htab_node *n = sh->t.b[b], *nx; n; n = nx) {
+                nx = n->next;
+                struct xent *e = XENT(n);
                 if (!e->hits || e->last_seen >= cutoff) continue;
                 e->hits = 0;
                 dropped++;
@@ -1240,10 +1227,11 @@ struct mstore *mstore_mem_create(const struct mstore_mem_cfg *cfg) {
     for (uint32_t i = 0; i < ns; i++) {
         pthread_mutex_init(&m->xs[i].lock, NULL);
         pthread_mutex_init(&m->bs[i].lock, NULL);
-        m->xs[i].nb = m->bs[i].nb = 16;
-        m->xs[i].b = xcalloc(16, sizeof(struct xent *));
-        m->bs[i].b = xcalloc(16, sizeof(struct bent *));
-        if (!m->xs[i].b || !m->bs[i].b) {
+        int xr = htab_init(&m->xs[i].t, 16, xent_hash, NULL);
+        int br = htab_init(&m->bs[i].t, 16, bent_hash, NULL);
+        m->xs[i].hint_b = m->xs[i].t.b;
+        m->xs[i].hint_nb = m->xs[i].t.nb;
+        if (xr != 0 || br != 0) {
             m->nshards = i + 1;
             mem_destroy(&m->base);
             return NULL;
@@ -1268,7 +1256,7 @@ size_t mstore_mem_bytes(struct mstore *s) {
     for (uint32_t i = 0; i < m->nshards; i++) {
         struct xshard *sh = &m->xs[i];
         pthread_mutex_lock(&sh->lock);
-        b += sh->nb * sizeof(void *);
+        b += sh->t.nb * sizeof(void *);
         for (uint32_t n = 0; n < sh->nrev; n++)
             for (int t = 0; t < MSTORE_NTIERS; t++) b += sh->rev[n][t].cap * sizeof(void *);
         pthread_mutex_unlock(&sh->lock);
