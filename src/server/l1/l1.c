@@ -129,8 +129,6 @@ struct l1 {
     _Atomic uint64_t reclaimed, ticks, triggered;
 };
 
-#define set_err errbuf_set
-
 static inline void cnt_add(_Atomic uint64_t *c, uint64_t v) {
     atomic_fetch_add_explicit(c, v, memory_order_relaxed);
 }
@@ -468,7 +466,7 @@ static int alloc_evict(struct l1 *l1, uint64_t size, int salt, uint64_t now, uin
 int l1_create(const struct l1_config *cfg, struct l1 **out, char *err, size_t errlen) {
     struct l1 *l1 = calloc(1, sizeof(*l1));
     if (!l1) {
-        set_err(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     l1->cfg = *cfg;
@@ -486,7 +484,7 @@ int l1_create(const struct l1_config *cfg, struct l1 **out, char *err, size_t er
     if (c->max_models > UINT16_MAX) c->max_models = UINT16_MAX;
     if (c->policy != L1_POLICY_LRU && c->policy != L1_POLICY_ISOLATED_LRU &&
         c->policy != L1_POLICY_NOOP) {
-        set_err(err, errlen, "unknown eviction policy %d", (int)c->policy);
+        errbuf_set(err, errlen, "unknown eviction policy %d", (int)c->policy);
         free(l1);
         return -1;
     }
@@ -512,14 +510,14 @@ int l1_create(const struct l1_config *cfg, struct l1 **out, char *err, size_t er
     l1->model_objects = calloc(c->max_models, sizeof(*l1->model_objects));
     if (!l1->stripes || !l1->models || !l1->salts_names || !l1->salts || !l1->model_objects ||
         pthread_mutex_init(&l1->lru_mu, NULL) != 0) {
-        set_err(err, errlen, "out of memory for the L1 table");
+        errbuf_set(err, errlen, "out of memory for the L1 table");
         goto fail;
     }
     memset(l1->stripes, 0, l1->nstripes * sizeof(struct stripe));
     for (uint32_t i = 0; i < l1->nstripes; i++) {
         struct stripe *s = &l1->stripes[i];
         if (htab_init(&s->t, 16, entry_rehash, l1) != 0 || pthread_mutex_init(&s->mu, NULL) != 0) {
-            set_err(err, errlen, "out of memory for the L1 table");
+            errbuf_set(err, errlen, "out of memory for the L1 table");
             for (uint32_t j = 0; j <= i; j++) htab_fini(&l1->stripes[j].t);
             for (uint32_t j = 0; j < i; j++) pthread_mutex_destroy(&l1->stripes[j].mu);
             pthread_mutex_destroy(&l1->lru_mu);
