@@ -9,7 +9,7 @@ PKGS=(
   # server
   libmicrohttpd-dev libjansson-dev libzmq3-dev libssl-dev libmsgpack-dev liburing-dev
   # S3 L2 adapter (libcurl + expat); awscli and nodejs/npm (s3rver) for its tests
-  libcurl4-openssl-dev libexpat1-dev awscli
+  libcurl4-openssl-dev libexpat1-dev awscli nodejs npm
   # master
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
   # tests

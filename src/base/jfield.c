@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
 #include "base/size.h"
 
 int jfield_bool(const json_t *obj, const char *field, bool *out, const char *who, char *err,
@@ -12,7 +13,7 @@ int jfield_bool(const json_t *obj, const char *field, bool *out, const char *who
     const json_t *v = json_object_get(obj, field);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_boolean(v)) {
-        snprintf(err, errlen, "%s: \"%s\" must be a boolean", who, field);
+        errbuf_set(err, errlen, "%s: \"%s\" must be a boolean", who, field);
         return -1;
     }
     *out = json_is_true(v);
@@ -24,7 +25,7 @@ int jfield_int(const json_t *obj, const char *field, long lo, long hi, long *out
     const json_t *v = json_object_get(obj, field);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        snprintf(err, errlen, "%s: \"%s\" must be an integer in [%ld, %ld]", who, field, lo, hi);
+        errbuf_set(err, errlen, "%s: \"%s\" must be an integer in [%ld, %ld]", who, field, lo, hi);
         return -1;
     }
     *out = (long)json_integer_value(v);
@@ -36,12 +37,12 @@ int jfield_str(const json_t *obj, const char *field, char **out, const char *who
     const json_t *v = json_object_get(obj, field);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_string(v)) {
-        snprintf(err, errlen, "%s: \"%s\" must be a string", who, field);
+        errbuf_set(err, errlen, "%s: \"%s\" must be a string", who, field);
         return -1;
     }
     char *s = strdup(json_string_value(v));
     if (!s) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     free(*out);
@@ -53,7 +54,7 @@ int jfield_size(const json_t *v, const char *field, uint64_t *out, char *err, si
     if (json_is_integer(v)) {
         json_int_t n = json_integer_value(v);
         if (n <= 0) {
-            snprintf(err, errlen, "%s must be positive", field);
+            errbuf_set(err, errlen, "%s must be positive", field);
             return -2;
         }
         *out = (uint64_t)n;
@@ -62,13 +63,13 @@ int jfield_size(const json_t *v, const char *field, uint64_t *out, char *err, si
     if (json_is_string(v)) {
         char e[160];
         if (size_parse(json_string_value(v), out, e, sizeof(e)) != 0 || *out == 0) {
-            snprintf(err, errlen, "%s: %s", field, e);
+            errbuf_set(err, errlen, "%s: %s", field, e);
             return -2;
         }
         return 0;
     }
-    snprintf(err, errlen, "%s must be an integer byte count or a size string such as \"100GiB\"",
-             field);
+    errbuf_set(err, errlen, "%s must be an integer byte count or a size string such as \"100GiB\"",
+               field);
     return -1;
 }
 

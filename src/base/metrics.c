@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/strbuf.h"
+#include "base/hash.h"
 
 #define SERIES_BUCKETS 64
 
@@ -192,11 +193,12 @@ struct metric_family *metrics_gauge_fn(struct metrics *m, const char *name, cons
 }
 
 static uint64_t hash_values(const char *const *values, size_t n) {
-    uint64_t h = 1469598103934665603ULL;
+    static const unsigned char sep = 0xff; /* no label value contains it */
+    uint64_t h = FNV1A64_INIT;
     for (size_t i = 0; i < n; i++) {
-        for (const char *p = values[i] ? values[i] : ""; *p; p++)
-            h = (h ^ (uint8_t)*p) * 1099511628211ULL;
-        h = (h ^ 0xff) * 1099511628211ULL;
+        const char *v = values[i] ? values[i] : "";
+        h = fnv1a64_add(h, v, strlen(v));
+        h = fnv1a64_add(h, &sep, 1);
     }
     return h;
 }

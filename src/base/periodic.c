@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/errbuf.h"
 #include "base/clock.h"
 #include "base/log.h"
 
@@ -106,12 +107,12 @@ int periodic_start(struct periodic_registry *r, const char *name, enum periodic_
                    double interval_s, periodic_fn fn, void *arg, char *errbuf, size_t errlen) {
     if (!name || !*name || strlen(name) >= sizeof(((struct job *)0)->name) || !fn ||
         interval_s <= 0 || (int)level < 0 || level >= PERIODIC_NLEVELS) {
-        snprintf(errbuf, errlen, "invalid periodic thread parameters");
+        errbuf_set(errbuf, errlen, "invalid periodic thread parameters");
         return -1;
     }
     struct job *j = calloc(1, sizeof(*j));
     if (!j) {
-        snprintf(errbuf, errlen, "out of memory");
+        errbuf_set(errbuf, errlen, "out of memory");
         return -1;
     }
     snprintf(j->name, sizeof(j->name), "%s", name);
@@ -125,14 +126,14 @@ int periodic_start(struct periodic_registry *r, const char *name, enum periodic_
         if (strcmp(o->name, name) == 0) {
             pthread_mutex_unlock(&r->lock);
             free(j);
-            snprintf(errbuf, errlen, "periodic thread %s already registered", name);
+            errbuf_set(errbuf, errlen, "periodic thread %s already registered", name);
             return -1;
         }
     }
     if (r->stopping) {
         pthread_mutex_unlock(&r->lock);
         free(j);
-        snprintf(errbuf, errlen, "registry is stopping");
+        errbuf_set(errbuf, errlen, "registry is stopping");
         return -1;
     }
     j->running = 1;
@@ -141,7 +142,7 @@ int periodic_start(struct periodic_registry *r, const char *name, enum periodic_
     if (e != 0) {
         pthread_mutex_unlock(&r->lock);
         free(j);
-        snprintf(errbuf, errlen, "pthread_create: %s", strerror(e));
+        errbuf_set(errbuf, errlen, "pthread_create: %s", strerror(e));
         return -1;
     }
     j->started = 1;

@@ -1,5 +1,6 @@
-/* liblmcache-client: DEALER socket, msgpack codec, pipelined request/reply matching and the
- * shared-memory KV context of the data plane (docs/protocol.md, docs/client.md). */
+/* liblmcache-client: DEALER socket, pipelined request/reply matching, the request builders and
+ * synchronous calls, and the shared-memory KV context of the data plane (docs/protocol.md,
+ * docs/client.md). The msgpack codec is client_codec.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -15,263 +16,11 @@
 #include <zmq.h>
 
 #include "client/client_codec.h"
-#include "base/mpcheck.h"
 
 #define DEFAULT_TIMEOUT_MS   30000
 #define DEFAULT_CONNECT_MS   5000
 #define MAX_ABANDONED        64
-#define MAP32_HEADER_BYTES   5
 #define MAX_REQUEST_ID_BYTES 24
-
-/* ---- errors ------------------------------------------------------------------------------ */
-
-/* One row per status: its stable name (the protocol's code for server errors). */
-static const char *const STATUS_NAMES[] = {
-    [LMC_OK] = "ok",
-    [LMC_ERR_BAD_REQUEST] = "bad_request",
-    [LMC_ERR_UNKNOWN_OPERATION] = "unknown_operation",
-    [LMC_ERR_TOO_LARGE] = "too_large",
-    [LMC_ERR_NOT_REGISTERED] = "not_registered",
-    [LMC_ERR_INVALID_BLOCKS] = "invalid_blocks",
-    [LMC_ERR_NOT_FOUND] = "not_found",
-    [LMC_ERR_OUT_OF_MEMORY] = "out_of_memory",
-    [LMC_ERR_SHM_ERROR] = "shm_error",
-    [LMC_ERR_INTERNAL] = "internal",
-    [LMC_ERR_SERVER_OTHER] = "server_error",
-    [LMC_ERR_TIMEOUT] = "timeout",
-    [LMC_ERR_TRANSPORT] = "transport",
-    [LMC_ERR_PROTOCOL] = "protocol",
-    [LMC_ERR_INVALID_ARGUMENT] = "invalid_argument",
-    [LMC_ERR_NO_MEMORY] = "no_memory",
-    [LMC_ERR_SYSTEM] = "system",
-    [LMC_ERR_PROOF_REQUIRED] = "proof_required",
-};
-#define NSTATUS (sizeof(STATUS_NAMES) / sizeof(STATUS_NAMES[0]))
-
-LMC_API const char *lmc_status_name(lmc_status s) {
-    return (unsigned)s < NSTATUS && STATUS_NAMES[s] ? STATUS_NAMES[s] : "unknown";
-}
-
-LMC_API lmc_status lmc_status_from_code(const char *code, size_t len) {
-    for (unsigned s = LMC_ERR_BAD_REQUEST; s < LMC_ERR_SERVER_OTHER; s++)
-        if (strlen(STATUS_NAMES[s]) == len && memcmp(STATUS_NAMES[s], code, len) == 0)
-            return (lmc_status)s;
-    if (len == 14 && memcmp(code, "proof_required", 14) == 0) return LMC_ERR_PROOF_REQUIRED;
-    return LMC_ERR_SERVER_OTHER;
-}
-
-void lmcc_set_error(lmc_error *err, lmc_status s, const char *fmt, ...) {
-    if (!err) return;
-    err->status = s;
-    snprintf(err->code, sizeof(err->code), "%s", lmc_status_name(s));
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof(err->message), fmt, ap);
-    va_end(ap);
-}
-
-static void clear_error(lmc_error *err) {
-    if (!err) return;
-    err->status = LMC_OK;
-    err->code[0] = '\0';
-    err->message[0] = '\0';
-}
-
-/* ---- request encoder --------------------------------------------------------------------- */
-
-void lmcc_map_init(struct lmcc_map *m) {
-    msgpack_sbuffer_init(&m->buf);
-    msgpack_packer_init(&m->pk, &m->buf, msgpack_sbuffer_write);
-    m->n = 0;
-    m->failed = 0;
-    static const char hdr[MAP32_HEADER_BYTES] = {(char)0xdf, 0, 0, 0, 0};
-    if (msgpack_sbuffer_write(&m->buf, hdr, sizeof(hdr)) != 0) m->failed = 1;
-}
-
-int lmcc_map_finish(struct lmcc_map *m) {
-    if (m->failed || m->buf.size < MAP32_HEADER_BYTES) return -1;
-    unsigned char *h = (unsigned char *)m->buf.data;
-    h[1] = (unsigned char)(m->n >> 24);
-    h[2] = (unsigned char)(m->n >> 16);
-    h[3] = (unsigned char)(m->n >> 8);
-    h[4] = (unsigned char)m->n;
-    return 0;
-}
-
-void lmcc_map_destroy(struct lmcc_map *m) { msgpack_sbuffer_destroy(&m->buf); }
-
-static void put_key(struct lmcc_map *m, const char *key) {
-    size_t n = strlen(key);
-    if (msgpack_pack_str(&m->pk, n) != 0 || msgpack_pack_str_body(&m->pk, key, n) != 0)
-        m->failed = 1;
-    m->n++;
-}
-
-void lmcc_put_str(struct lmcc_map *m, const char *key, const char *val) {
-    put_key(m, key);
-    size_t n = strlen(val);
-    if (msgpack_pack_str(&m->pk, n) != 0 || msgpack_pack_str_body(&m->pk, val, n) != 0)
-        m->failed = 1;
-}
-
-void lmcc_put_int(struct lmcc_map *m, const char *key, int64_t val) {
-    put_key(m, key);
-    if (msgpack_pack_int64(&m->pk, val) != 0) m->failed = 1;
-}
-
-void lmcc_put_bool(struct lmcc_map *m, const char *key, bool val) {
-    put_key(m, key);
-    if ((val ? msgpack_pack_true(&m->pk) : msgpack_pack_false(&m->pk)) != 0) m->failed = 1;
-}
-
-void lmcc_put_i64_array(struct lmcc_map *m, const char *key, const int64_t *v, size_t n) {
-    put_key(m, key);
-    if (msgpack_pack_array(&m->pk, n) != 0) m->failed = 1;
-    for (size_t i = 0; i < n && !m->failed; i++)
-        if (msgpack_pack_int64(&m->pk, v[i]) != 0) m->failed = 1;
-}
-
-lmc_status lmcc_put_chunks(struct lmcc_map *m, const lmc_chunks *ch, lmc_error *err) {
-    if (!ch) {
-        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "no chunks given");
-        return LMC_ERR_INVALID_ARGUMENT;
-    }
-    bool toks = ch->token_ids != NULL, hashes = ch->chunk_hashes != NULL;
-    if (toks == hashes) {
-        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT,
-                       "exactly one of token_ids or chunk_hashes must be given");
-        return LMC_ERR_INVALID_ARGUMENT;
-    }
-    if (hashes && (ch->hash_len < 1 || ch->hash_len > 32)) {
-        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "hash_len must be 1..32, not %zu",
-                       ch->hash_len);
-        return LMC_ERR_INVALID_ARGUMENT;
-    }
-    if (ch->num_tokens > UINT32_MAX || ch->num_chunk_hashes > UINT32_MAX) {
-        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "too many tokens or chunk hashes");
-        return LMC_ERR_INVALID_ARGUMENT;
-    }
-    if (toks) {
-        put_key(m, "token_ids");
-        if (msgpack_pack_array(&m->pk, ch->num_tokens) != 0) m->failed = 1;
-        for (size_t i = 0; i < ch->num_tokens && !m->failed; i++)
-            if (msgpack_pack_uint32(&m->pk, ch->token_ids[i]) != 0) m->failed = 1;
-    } else {
-        put_key(m, "chunk_hashes");
-        if (msgpack_pack_array(&m->pk, ch->num_chunk_hashes) != 0) m->failed = 1;
-        for (size_t i = 0; i < ch->num_chunk_hashes && !m->failed; i++)
-            if (msgpack_pack_bin(&m->pk, ch->hash_len) != 0 ||
-                msgpack_pack_bin_body(&m->pk, ch->chunk_hashes + i * ch->hash_len, ch->hash_len) !=
-                    0)
-                m->failed = 1;
-    }
-    if (ch->start != 0) lmcc_put_int(m, "start", ch->start);
-    if (ch->end >= 0) lmcc_put_int(m, "end", ch->end);
-    if (ch->cache_salt && ch->cache_salt[0]) lmcc_put_str(m, "cache_salt", ch->cache_salt);
-    return LMC_OK;
-}
-
-void lmcc_put_layout(struct lmcc_map *m, const lmc_kv_layout *l) {
-    lmcc_put_int(m, "num_layers", l->num_layers);
-    lmcc_put_int(m, "num_blocks", l->num_blocks);
-    lmcc_put_int(m, "tokens_per_block", l->tokens_per_block);
-    lmcc_put_int(m, "bytes_per_token", (int64_t)l->bytes_per_token);
-    lmcc_put_int(m, "kv_count", l->kv_count ? l->kv_count : 2);
-    lmcc_put_str(m, "block_order",
-                 l->block_order == LMC_BLOCK_MAJOR ? "block_major" : "layer_major");
-    if (l->dtype) lmcc_put_str(m, "dtype", l->dtype);
-}
-
-/* ---- reply decoder ----------------------------------------------------------------------- */
-
-const msgpack_object *lmcc_map_get(const msgpack_object *map, const char *key) {
-    if (!map || map->type != MSGPACK_OBJECT_MAP) return NULL;
-    size_t n = strlen(key);
-    for (uint32_t i = 0; i < map->via.map.size; i++) {
-        const msgpack_object *k = &map->via.map.ptr[i].key;
-        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
-            memcmp(k->via.str.ptr, key, n) == 0)
-            return &map->via.map.ptr[i].val;
-    }
-    return NULL;
-}
-
-int lmcc_check_structure(const char *data, size_t len) {
-    size_t used;
-    return mpcheck_document(data, len, UINT64_MAX, &used) == 0 && used == len ? 0 : -1;
-}
-
-lmc_status lmcc_decode_reply(const char *body, size_t len, msgpack_unpacked *up,
-                             const msgpack_object **map, lmc_error *err) {
-    size_t off = 0;
-    /* msgpack-c allocates a container's storage from its header before reading its elements:
-     * a few bytes could ask for gigabytes. Reject counts the bytes cannot back first. */
-    if (lmcc_check_structure(body, len) != 0) {
-        lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply is not one well-formed msgpack object");
-        return LMC_ERR_PROTOCOL;
-    }
-    msgpack_unpack_return r = msgpack_unpack_next(up, body, len, &off);
-    if (r == MSGPACK_UNPACK_NOMEM_ERROR) {
-        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory decoding a reply");
-        return LMC_ERR_NO_MEMORY;
-    }
-    if (r != MSGPACK_UNPACK_SUCCESS || off != len) {
-        lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply is not one msgpack object");
-        return LMC_ERR_PROTOCOL;
-    }
-    if (up->data.type != MSGPACK_OBJECT_MAP) {
-        lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply is not a msgpack map");
-        return LMC_ERR_PROTOCOL;
-    }
-    const msgpack_object *ok = lmcc_map_get(&up->data, "ok");
-    if (!ok || ok->type != MSGPACK_OBJECT_BOOLEAN) {
-        lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply has no boolean 'ok'");
-        return LMC_ERR_PROTOCOL;
-    }
-    *map = &up->data;
-    return LMC_OK;
-}
-
-lmc_status lmcc_reply_error(const msgpack_object *map, lmc_error *err) {
-    const msgpack_object *ok = lmcc_map_get(map, "ok");
-    if (ok && ok->type == MSGPACK_OBJECT_BOOLEAN && ok->via.boolean) {
-        clear_error(err);
-        return LMC_OK;
-    }
-    const msgpack_object *code = lmcc_map_get(map, "code");
-    const msgpack_object *msg = lmcc_map_get(map, "message");
-    lmc_status s = LMC_ERR_SERVER_OTHER;
-    const char *cs = "";
-    int cl = 0;
-    if (code && code->type == MSGPACK_OBJECT_STR) {
-        cs = code->via.str.ptr;
-        cl = code->via.str.size > INT_MAX ? INT_MAX : (int)code->via.str.size;
-        s = lmc_status_from_code(cs, (size_t)cl);
-    }
-    if (err) {
-        err->status = s;
-        snprintf(err->code, sizeof(err->code), "%.*s", cl, cs);
-        if (msg && msg->type == MSGPACK_OBJECT_STR)
-            snprintf(err->message, sizeof(err->message), "%.*s",
-                     msg->via.str.size > INT_MAX ? INT_MAX : (int)msg->via.str.size,
-                     msg->via.str.ptr);
-        else
-            snprintf(err->message, sizeof(err->message), "server error without a message");
-    }
-    return s;
-}
-
-uint64_t lmcc_parse_id(const char *s, size_t len) {
-    if (len == 0 || len > 20) return 0;
-    uint64_t v = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9') return 0;
-        uint64_t d = (uint64_t)(s[i] - '0');
-        if (v > (UINT64_MAX - d) / 10) return 0;
-        v = v * 10 + d;
-    }
-    return v;
-}
 
 /* ---- replies ----------------------------------------------------------------------------- */
 
@@ -386,7 +135,7 @@ struct lmc_client {
 
 LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_client_options *opts,
                                                lmc_client **out, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!endpoint || !out) {
         lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "endpoint and out are required");
         return LMC_ERR_INVALID_ARGUMENT;
@@ -447,7 +196,7 @@ zfail:
 
 LMC_API lmc_status lmc_client_connect(const char *host, int port, const lmc_client_options *opts,
                                       lmc_client **out, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!host || port <= 0 || port > 65535) {
         lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "host and a port 1..65535 are required");
         return LMC_ERR_INVALID_ARGUMENT;
@@ -536,7 +285,7 @@ static lmc_status send_map(lmc_client *c, const char *op, struct lmcc_map *m, lm
 
 LMC_API lmc_status lmc_send_raw(lmc_client *c, const char *op, const void *payload, size_t len,
                                 lmc_req_id *id, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!c || !op) {
         lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "client and op are required");
         return LMC_ERR_INVALID_ARGUMENT;
@@ -645,7 +394,7 @@ static lmc_status recv_one(lmc_client *c, int64_t deadline, lmc_reply **out, lmc
 
 static lmc_status wait_until(lmc_client *c, bool any, lmc_req_id id, lmc_reply **out,
                              lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     /* Replies already received: for `any`, the oldest one (the tail of the list). */
     lmc_reply **pp = &c->pending, **hit = NULL;
     for (; *pp; pp = &(*pp)->next)
@@ -696,7 +445,7 @@ static lmc_status bad_arg(lmc_error *err, const char *what) {
 LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const char *model_name,
                                    int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
                                    lmc_req_id *id, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!request_id || !model_name) return bad_arg(err, "request_id and model_name are required");
     struct lmcc_map m;
     lmcc_map_init(&m);
@@ -714,7 +463,7 @@ LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const 
 
 static lmc_status send_request_id_only(lmc_client *c, const char *op, const char *request_id,
                                        lmc_req_id *id, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!request_id) return bad_arg(err, "request_id is required");
     struct lmcc_map m;
     lmcc_map_init(&m);
@@ -736,7 +485,7 @@ LMC_API lmc_status lmc_send_retrieve(lmc_client *c, int64_t instance_id, const l
                                      const int64_t *block_ids, size_t num_block_ids,
                                      const char *request_id, int64_t skip_first_n_tokens,
                                      lmc_req_id *id, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!block_ids && num_block_ids) return bad_arg(err, "block_ids is NULL");
     struct lmcc_map m;
     lmcc_map_init(&m);
@@ -755,7 +504,7 @@ LMC_API lmc_status lmc_send_retrieve(lmc_client *c, int64_t instance_id, const l
 LMC_API lmc_status lmc_send_store(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
                                   const int64_t *block_ids, size_t num_block_ids, lmc_req_id *id,
                                   lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!block_ids && num_block_ids) return bad_arg(err, "block_ids is NULL");
     struct lmcc_map m;
     lmcc_map_init(&m);
@@ -780,7 +529,7 @@ LMC_API lmc_status lmc_send_store_bytes(lmc_client *c, const char *model_name, i
                                         int64_t worker_id, const lmc_chunks *ch,
                                         const void *const *chunks, const size_t *chunk_lens,
                                         size_t num_chunks, lmc_req_id *id, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!model_name) return bad_arg(err, "model_name is required");
     if (num_chunks && (!chunks || !chunk_lens)) return bad_arg(err, "chunks is NULL");
     if (num_chunks > UINT32_MAX) return bad_arg(err, "too many chunks");
@@ -792,7 +541,7 @@ LMC_API lmc_status lmc_send_store_bytes(lmc_client *c, const char *model_name, i
         lmcc_map_destroy(&m);
         return s;
     }
-    put_key(&m, "chunks");
+    lmcc_put_key(&m, "chunks");
     if (msgpack_pack_array(&m.pk, num_chunks) != 0) m.failed = 1;
     for (size_t i = 0; i < num_chunks && !m.failed; i++) {
         if (chunk_lens[i] > UINT32_MAX) {
@@ -810,7 +559,7 @@ LMC_API lmc_status lmc_send_retrieve_bytes(lmc_client *c, const char *model_name
                                            int64_t world_size, int64_t worker_id,
                                            const lmc_chunks *ch, const char *request_id,
                                            lmc_req_id *id, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!model_name) return bad_arg(err, "model_name is required");
     struct lmcc_map m;
     lmcc_map_init(&m);
@@ -827,7 +576,7 @@ LMC_API lmc_status lmc_send_retrieve_bytes(lmc_client *c, const char *model_name
 LMC_API lmc_status lmc_send_free_lookup_locks(lmc_client *c, const char *request_id, int64_t start,
                                               int64_t end, int64_t worker_id, lmc_req_id *id,
                                               lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!request_id) return bad_arg(err, "request_id is required");
     struct lmcc_map m;
     lmcc_map_init(&m);
@@ -840,7 +589,7 @@ LMC_API lmc_status lmc_send_free_lookup_locks(lmc_client *c, const char *request
 
 LMC_API lmc_status lmc_send_ping(lmc_client *c, int64_t instance_id, lmc_req_id *id,
                                  lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     struct lmcc_map m;
     lmcc_map_init(&m);
     if (instance_id >= 0) lmcc_put_int(&m, "instance_id", instance_id);
@@ -848,7 +597,7 @@ LMC_API lmc_status lmc_send_ping(lmc_client *c, int64_t instance_id, lmc_req_id 
 }
 
 static lmc_status send_empty(lmc_client *c, const char *op, lmc_req_id *id, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     struct lmcc_map m;
     lmcc_map_init(&m);
     return send_map(c, op, &m, id, err);
@@ -1198,7 +947,7 @@ static lmc_status send_register(lmc_client *c, const lmc_register_args *a, const
 
 LMC_API lmc_status lmc_register_kv_cache_raw(lmc_client *c, const lmc_register_args *a,
                                              lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!c || !a || !a->model_name || !a->shm_name)
         return bad_arg(err, "model_name and shm_name are required");
     return send_register(c, a, a->shm_name, -1, err);
@@ -1206,7 +955,7 @@ LMC_API lmc_status lmc_register_kv_cache_raw(lmc_client *c, const lmc_register_a
 
 LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args *a,
                                          lmc_kv_context **out, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!c || !a || !a->model_name || !out) return bad_arg(err, "model_name and out are required");
     uint64_t size = lmc_kv_total_bytes(&a->layout);
     if (size == 0 || size > (uint64_t)SIZE_MAX - LMC_KV_PROOF_PAGE ||
@@ -1279,7 +1028,7 @@ LMC_API int64_t lmc_kv_instance_id(const lmc_kv_context *ctx) { return ctx->inst
 LMC_API const lmc_kv_layout *lmc_kv_layout_of(const lmc_kv_context *ctx) { return &ctx->layout; }
 
 LMC_API lmc_status lmc_unregister_instance(lmc_client *c, int64_t instance_id, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     struct lmcc_map m;
     lmcc_map_init(&m);
     lmcc_put_int(&m, "instance_id", instance_id);
@@ -1291,7 +1040,7 @@ LMC_API lmc_status lmc_unregister_instance(lmc_client *c, int64_t instance_id, l
 }
 
 LMC_API lmc_status lmc_unregister_kv_cache(lmc_client *c, lmc_kv_context *ctx, lmc_error *err) {
-    clear_error(err);
+    lmcc_clear_error(err);
     if (!ctx) return LMC_OK;
     lmc_status s = c ? lmc_unregister_instance(c, ctx->instance_id, err) : LMC_OK;
     if (ctx->base) munmap(ctx->base, (size_t)ctx->size);

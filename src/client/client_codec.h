@@ -1,5 +1,6 @@
-/* liblmcache-client internals shared with its unit tests: the msgpack request encoder and reply
- * decoder. Not installed; the symbols are hidden in the shared library. */
+/* liblmcache-client internals (client_codec.c) shared by client.c and its unit tests: the msgpack
+ * request encoder and reply decoder. Not installed; the symbols are hidden in the shared library.
+ */
 #ifndef LMCACHE_CLIENT_CLIENT_CODEC_H
 #define LMCACHE_CLIENT_CLIENT_CODEC_H
 
@@ -21,6 +22,8 @@ void lmcc_map_init(struct lmcc_map *m);
 int lmcc_map_finish(struct lmcc_map *m);
 void lmcc_map_destroy(struct lmcc_map *m);
 
+/* A key of the map; the caller packs its value next (counted as one field). */
+void lmcc_put_key(struct lmcc_map *m, const char *key);
 void lmcc_put_str(struct lmcc_map *m, const char *key, const char *val);
 void lmcc_put_int(struct lmcc_map *m, const char *key, int64_t val);
 void lmcc_put_bool(struct lmcc_map *m, const char *key, bool val);
@@ -46,5 +49,7 @@ uint64_t lmcc_parse_id(const char *s, size_t len);
 
 void lmcc_set_error(lmc_error *err, lmc_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Resets err (may be NULL) to LMC_OK with empty code and message. */
+void lmcc_clear_error(lmc_error *err);
 
 #endif

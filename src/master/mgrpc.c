@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "master/mrpc.h"
 
@@ -179,7 +180,7 @@ struct mgrpc *mgrpc_start(struct master *m, const char *addr, int nthreads, int 
                           size_t errlen) {
     struct mgrpc *g = calloc(1, sizeof(*g));
     if (!g || MRPC_NMETHODS > sizeof(g->rm) / sizeof(g->rm[0])) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         free(g);
         return NULL;
     }
@@ -200,7 +201,7 @@ struct mgrpc *mgrpc_start(struct master *m, const char *addr, int nthreads, int 
     *port = grpc_server_add_http2_port(g->server, addr, creds);
     grpc_server_credentials_release(creds);
     if (*port <= 0) {
-        snprintf(err, errlen, "cannot listen on %s", addr);
+        errbuf_set(err, errlen, "cannot listen on %s", addr);
         grpc_server_destroy(g->server);
         grpc_completion_queue_shutdown(g->cq);
         while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
@@ -221,7 +222,7 @@ struct mgrpc *mgrpc_start(struct master *m, const char *addr, int nthreads, int 
         g->nthreads++;
     }
     if (bad || g->nthreads != nthreads) {
-        snprintf(err, errlen, "cannot start the gRPC workers");
+        errbuf_set(err, errlen, "cannot start the gRPC workers");
         mgrpc_stop(g, 0);
         return NULL;
     }

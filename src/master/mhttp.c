@@ -15,6 +15,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "base/errbuf.h"
 #include "base/strbuf.h"
 
 struct mhttp {
@@ -100,7 +101,7 @@ struct mhttp *mhttp_start(const char *host, int port, mhttp_render_fn render, vo
                           size_t errlen) {
     struct mhttp *h = calloc(1, sizeof(*h));
     if (!h) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return NULL;
     }
     h->render = render;
@@ -108,7 +109,7 @@ struct mhttp *mhttp_start(const char *host, int port, mhttp_render_fn render, vo
     h->wake[0] = h->wake[1] = -1;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        snprintf(err, errlen, "invalid metrics host '%s'", host);
+        errbuf_set(err, errlen, "invalid metrics host '%s'", host);
         free(h);
         return NULL;
     }
@@ -117,11 +118,11 @@ struct mhttp *mhttp_start(const char *host, int port, mhttp_render_fn render, vo
     if (h->lfd < 0 || setsockopt(h->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
         bind(h->lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(h->lfd, 16) ||
         pipe2(h->wake, O_CLOEXEC)) {
-        snprintf(err, errlen, "metrics port %s:%d: %s", host, port, strerror(errno));
+        errbuf_set(err, errlen, "metrics port %s:%d: %s", host, port, strerror(errno));
         goto fail;
     }
     if (pthread_create(&h->thr, NULL, loop, h)) {
-        snprintf(err, errlen, "cannot start the metrics thread");
+        errbuf_set(err, errlen, "cannot start the metrics thread");
         goto fail;
     }
     return h;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/strbuf.h"
+#include "base/hash.h"
 
 struct rseries {
     char *key;    /* name + label string: the identity */
@@ -43,11 +44,7 @@ struct mrelay {
     size_t bytes; /* keys, help texts and histogram arrays held */
 };
 
-static uint64_t shash(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
+static uint64_t shash(const char *s) { return fnv1a64_str(s); }
 
 struct mrelay *mrelay_new(void) {
     struct mrelay *r = calloc(1, sizeof(*r));

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "master/mrelay.h"
@@ -808,19 +809,19 @@ static const char *sample_defect(const Umbp__MetricSample *s, char *buf, size_t 
     for (size_t k = 0; k < s->n_labels; k++) {
         const char *ln = s->labels[k]->name;
         if (strlen(ln) > MRELAY_MAX_NAME || !mrelay_label_name_ok(ln)) {
-            snprintf(buf, len, "label name \"%.64s\" is not valid", ln);
+            errbuf_set(buf, len, "label name \"%.64s\" is not valid", ln);
             return buf;
         }
         if (!strcmp(ln, "node") ||
             (!strcmp(ln, "le") &&
              s->value_case == UMBP__METRIC_SAMPLE__VALUE_HISTOGRAM_AGGREGATE)) {
-            snprintf(buf, len, "label name \"%s\" is reserved", ln);
+            errbuf_set(buf, len, "label name \"%s\" is reserved", ln);
             return buf;
         }
         if (strlen(s->labels[k]->value) > MRELAY_MAX_VALUE) return "label value is too long";
         for (size_t j = 0; j < k; j++)
             if (!strcmp(s->labels[j]->name, ln)) {
-                snprintf(buf, len, "label name \"%.64s\" is repeated", ln);
+                errbuf_set(buf, len, "label name \"%.64s\" is repeated", ln);
                 return buf;
             }
     }

@@ -1,5 +1,7 @@
 /* In-memory metadata store: client records under one rwlock, the external-KV index and
- * the block index in hash-sharded tables with one mutex per shard.
+ * the block index in hash-sharded tables with one mutex per shard. This file holds the
+ * records, the block index and the store's life cycle; mstore_xkv.c the external-KV index
+ * (structures shared through mstore_mem_internal.h).
  *
  * Lock order: meta -> xshard, meta -> bshard; never two shards at once. Node ids are
  * interned to small integers (struct node, never freed) so index entries stay small and
@@ -9,12 +11,7 @@
  * hit counter, so a revoked hash keeps its counter until the hit GC drops it. Each shard
  * keeps a reverse index per (node, tier): a vector of entries, each placement remembering
  * its slot in it, so revoke-all-at-tier costs O(that node's entries at that tier). */
-#include "master/mstore.h"
-
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
+#include "master/mstore_mem_internal.h"
 
 #define MEM_MAGIC 0x4d53544fu
 
@@ -24,123 +21,10 @@ const char *mstore_tier_label(int tier) {
     return mstore_tier_valid(tier) ? TIER_LABELS[tier] : "UNKNOWN";
 }
 
-static uint64_t hkey(const char *k, size_t n) {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, k, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
-        k += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, k, n);
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 29;
-    h *= 0x94d049bb133111ebull;
-    h ^= h >> 32;
-    return h;
-}
-
-/* ---- nodes and client records (under meta) ---- */
-
-struct node {
-    char *id;
-    bool present; /* a client record exists */
-    int status;
-    int64_t last_hb, reg_at;
-    uint64_t last_seq;
-    char *node_address, *peer_address;
-    uint8_t *engine;
-    size_t engine_len;
-    char **tags;
-    size_t ntags;
-    struct mstore_caps caps;
-};
-
-/* ---- external-KV entries (under their xshard lock) ---- */
-
-struct xplace {
-    uint32_t node;
-    uint8_t tiers;
-    uint32_t ridx[MSTORE_NTIERS]; /* slot in the shard's reverse vector per tier */
-};
-
-struct xent {
-    struct xent *next;
-    struct xplace *pl;
-    uint64_t hits;
-    int64_t last_seen;
-    uint32_t hv;
-    uint16_t nplace, plcap;
-    uint16_t klen;
-    char key[];
-};
-
-struct xrev {
-    struct xent **v;
-    uint32_t n, cap;
-};
-
-struct xshard {
-    pthread_mutex_t lock;
-    /* Atomic only so mem_ext_match may read them unlocked for a prefetch hint; every
-     * real access is under lock. */
-    struct xent **_Atomic b;
-    _Atomic size_t nb;
-    size_t n;
-    struct xrev (*rev)[MSTORE_NTIERS]; /* indexed by node */
-    uint32_t nrev;
-} __attribute__((aligned(64)));
-
-/* ---- block index (under its bshard lock) ---- */
-
-struct bloc {
-    uint32_t node;
-    int32_t tier;
-    uint64_t size;
-};
-
-struct bent {
-    struct bent *next;
-    struct bloc *locs;
-    uint32_t nloc, loccap;
-    uint32_t hv;
-    int64_t lease, lacc, created;
-    uint64_t acnt;
-    char key[];
-};
-
-struct bshard {
-    pthread_mutex_t lock;
-    struct bent **b;
-    size_t nb, n;
-} __attribute__((aligned(64)));
-
-struct mem {
-    struct mstore base;
-    uint32_t magic;
-    pthread_rwlock_t meta;
-    struct node **nodes;
-    uint32_t nnodes, ncap;
-    uint32_t *nmap; /* open addressing: node index + 1, 0 = empty */
-    uint32_t nmap_cap;
-    uint32_t nshards;
-    struct xshard *xs;
-    struct bshard *bs;
-    _Atomic size_t xbytes;
-    size_t rbytes; /* client records' heap bytes (do_record_bytes); under meta */
-};
-
-#define MEM(s) ((struct mem *)(s))
-
-static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
-
 static char *xstrdup(const char *s) { return strdup(s ? s : ""); }
 
 /* Caller holds meta (any mode). UINT32_MAX when absent. */
-static uint32_t do_node_find(struct mem *m, const char *id) {
+uint32_t mem_node_find(struct mem *m, const char *id) {
     size_t len = strlen(id);
     uint32_t mask = m->nmap_cap - 1;
     for (uint32_t i = (uint32_t)hkey(id, len) & mask;; i = (i + 1) & mask) {
@@ -162,7 +46,7 @@ static int do_nmap_insert(uint32_t *map, uint32_t cap, struct node **nodes, uint
 
 /* Caller holds meta for writing. Returns the node index or UINT32_MAX on no memory. */
 static uint32_t do_node_intern(struct mem *m, const char *id) {
-    uint32_t idx = do_node_find(m, id);
+    uint32_t idx = mem_node_find(m, id);
     if (idx != UINT32_MAX) return idx;
     if ((m->nnodes + 1) * 2 > m->nmap_cap) {
         uint32_t ncap = m->nmap_cap * 2;
@@ -224,182 +108,29 @@ static void do_record_clear(struct node *n) {
     n->status = MSTORE_STATUS_UNKNOWN;
 }
 
-/* ---- xshard helpers (caller holds the shard lock) ---- */
+/* ---- block index (caller holds the shard lock) ---- */
 
-static struct xent *do_xfind(struct xshard *sh, const char *k, size_t klen, uint32_t hv) {
-    for (struct xent *e = sh->b[hv & (sh->nb - 1)]; e; e = e->next)
-        if (e->hv == hv && e->klen == klen && memcmp(e->key, k, klen) == 0) return e;
-    return NULL;
+#define BENT(n) HTAB_ENTRY(n, struct bent, hn)
+
+/* The tables' growth callback: entries keep their 32-bit hash. */
+static uint64_t bent_hash(const struct htab_node *n, void *arg) {
+    (void)arg;
+    return BENT(n)->hv;
 }
-
-/* Doubles a shard's bucket array (entry type T with `next` and `hv`); on allocation failure the
- * chains just stay longer. The caller holds the shard's lock. */
-#define DO_GROW(T, sh)                                                                             \
-    do {                                                                                           \
-        size_t nb_ = (sh)->nb * 2;                                                                 \
-        T **b_ = xcalloc(nb_, sizeof(*b_));                                                        \
-        if (!b_) break;                                                                            \
-        for (size_t i_ = 0; i_ < (sh)->nb; i_++)                                                   \
-            for (T *e_ = (sh)->b[i_], *nx_; e_; e_ = nx_) {                                        \
-                nx_ = e_->next;                                                                    \
-                e_->next = b_[e_->hv & (nb_ - 1)];                                                 \
-                b_[e_->hv & (nb_ - 1)] = e_;                                                       \
-            }                                                                                      \
-        free((sh)->b);                                                                             \
-        (sh)->b = b_;                                                                              \
-        (sh)->nb = nb_;                                                                            \
-    } while (0)
-
-static void do_xgrow(struct xshard *sh) { DO_GROW(struct xent, sh); }
-
-static void do_xunlink_free(struct mem *m, struct xshard *sh, struct xent *e) {
-    struct xent **pp = &sh->b[e->hv & (sh->nb - 1)];
-    while (*pp != e) pp = &(*pp)->next;
-    *pp = e->next;
-    sh->n--;
-    atomic_fetch_sub(&m->xbytes, sizeof(*e) + e->klen + 1 + e->plcap * sizeof(struct xplace));
-    free(e->pl);
-    free(e);
-}
-
-static struct xplace *xplace_of(struct xent *e, uint32_t node) {
-    for (uint16_t i = 0; i < e->nplace; i++)
-        if (e->pl[i].node == node) return &e->pl[i];
-    return NULL;
-}
-
-static struct xrev *do_xrev(struct xshard *sh, uint32_t node, int tier, bool create) {
-    if (node >= sh->nrev) {
-        if (!create) return NULL;
-        uint32_t nn = node + 8;
-        void *r = realloc(sh->rev, nn * sizeof(*sh->rev));
-        if (!r) return NULL;
-        sh->rev = r;
-        memset(&sh->rev[sh->nrev], 0, (nn - sh->nrev) * sizeof(*sh->rev));
-        sh->nrev = nn;
-    }
-    return &sh->rev[node][tier];
-}
-
-/* 0 ok, -1 no memory. */
-static int do_xadd(struct mem *m, struct xshard *sh, const char *k, uint32_t hv, uint32_t node,
-                   int tier) {
-    size_t klen = strlen(k);
-    if (klen > UINT16_MAX) klen = UINT16_MAX; /* hashes are short; longer ones truncate */
-    struct xent *e = do_xfind(sh, k, klen, hv);
-    if (!e) {
-        e = calloc(1, sizeof(*e) + klen + 1);
-        if (!e) return -1;
-        memcpy(e->key, k, klen);
-        e->klen = (uint16_t)klen;
-        e->hv = hv;
-        if (sh->n >= sh->nb) do_xgrow(sh);
-        e->next = sh->b[hv & (sh->nb - 1)];
-        sh->b[hv & (sh->nb - 1)] = e;
-        sh->n++;
-        atomic_fetch_add(&m->xbytes, sizeof(*e) + klen + 1);
-    }
-    struct xplace *p = xplace_of(e, node);
-    if (p && (p->tiers & (1u << tier))) return 0;
-    struct xrev *rv = do_xrev(sh, node, tier, true);
-    if (!rv) goto nomem;
-    if (rv->n == rv->cap) {
-        uint32_t nc = rv->cap ? rv->cap * 2 : 16;
-        void *v = realloc(rv->v, nc * sizeof(*rv->v));
-        if (!v) goto nomem;
-        rv->v = v;
-        rv->cap = nc;
-    }
-    if (!p) {
-        if (e->nplace == e->plcap) {
-            uint16_t nc = e->plcap ? (uint16_t)(e->plcap * 2) : 1;
-            void *pl = realloc(e->pl, nc * sizeof(*e->pl));
-            if (!pl) goto nomem;
-            atomic_fetch_add(&m->xbytes, (nc - e->plcap) * sizeof(struct xplace));
-            e->pl = pl;
-            e->plcap = nc;
-        }
-        p = &e->pl[e->nplace++];
-        memset(p, 0, sizeof(*p));
-        p->node = node;
-    }
-    p->tiers |= (uint8_t)(1u << tier);
-    p->ridx[tier] = rv->n;
-    rv->v[rv->n++] = e;
-    return 0;
-nomem:
-    if (e->nplace == 0 && e->hits == 0) do_xunlink_free(m, sh, e);
-    return -1;
-}
-
-/* Drops tier from e's placement for node. The reverse vector is maintained unless
- * keep_rev (the caller is clearing that whole vector). Frees e when nothing is left. */
-static void do_xdrop(struct mem *m, struct xshard *sh, struct xent *e, uint32_t node, int tier,
-                     bool keep_rev) {
-    struct xplace *p = xplace_of(e, node);
-    if (!p || !(p->tiers & (1u << tier))) return;
-    if (!keep_rev) {
-        struct xrev *rv = &sh->rev[node][tier];
-        uint32_t pos = p->ridx[tier];
-        struct xent *moved = rv->v[--rv->n];
-        rv->v[pos] = moved;
-        if (moved != e) xplace_of(moved, node)->ridx[tier] = pos;
-    }
-    p->tiers &= (uint8_t) ~(1u << tier);
-    if (!p->tiers) *p = e->pl[--e->nplace];
-    if (e->nplace == 0 && e->hits == 0) do_xunlink_free(m, sh, e);
-}
-
-static void do_xdrop_all_at(struct mem *m, struct xshard *sh, uint32_t node, int tier) {
-    struct xrev *rv = do_xrev(sh, node, tier, false);
-    if (!rv) return;
-    uint32_t n = rv->n;
-    rv->n = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        struct xent *e = rv->v[i];
-        struct xplace *p = xplace_of(e, node);
-        p->tiers &= (uint8_t) ~(1u << tier);
-        if (!p->tiers) *p = e->pl[--e->nplace];
-        if (e->nplace == 0 && e->hits == 0) do_xunlink_free(m, sh, e);
-    }
-    if (rv->cap > 64) { /* give the memory of a wiped tier back */
-        free(rv->v);
-        rv->v = NULL;
-        rv->cap = 0;
-    }
-}
-
-static struct xshard *xshard_of(struct mem *m, uint64_t h) {
-    return &m->xs[(h >> 40) & (m->nshards - 1)]; /* as mem_ext_match groups keys */
-}
-
-static void wipe_ext_node(struct mem *m, uint32_t node) {
-    for (uint32_t s = 0; s < m->nshards; s++) {
-        struct xshard *sh = &m->xs[s];
-        pthread_mutex_lock(&sh->lock);
-        for (int t = 0; t < MSTORE_NTIERS; t++) do_xdrop_all_at(m, sh, node, t);
-        pthread_mutex_unlock(&sh->lock);
-    }
-}
-
-/* ---- bshard helpers ---- */
 
 static struct bent *do_bfind(struct bshard *sh, const char *k, uint32_t hv) {
-    for (struct bent *e = sh->b[hv & (sh->nb - 1)]; e; e = e->next)
+    for (struct htab_node *n = *htab_bucket(&sh->t, hv); n; n = n->next) {
+        struct bent *e = BENT(n);
         if (e->hv == hv && strcmp(e->key, k) == 0) return e;
+    }
     return NULL;
 }
 
 static void do_bunlink_free(struct bshard *sh, struct bent *e) {
-    struct bent **pp = &sh->b[e->hv & (sh->nb - 1)];
-    while (*pp != e) pp = &(*pp)->next;
-    *pp = e->next;
-    sh->n--;
+    htab_remove(&sh->t, &e->hn, e->hv);
     free(e->locs);
     free(e);
 }
-
-static void do_bgrow(struct bshard *sh) { DO_GROW(struct bent, sh); }
 
 static struct bshard *bshard_of(struct mem *m, uint64_t h) {
     return &m->bs[(h >> 40) & (m->nshards - 1)];
@@ -423,10 +154,7 @@ static int block_add(struct mem *m, const char *k, uint32_t node, int tier, uint
         memcpy(e->key, k, kl);
         e->hv = (uint32_t)h;
         e->created = e->lacc = now;
-        if (sh->n >= sh->nb) do_bgrow(sh);
-        e->next = sh->b[e->hv & (sh->nb - 1)];
-        sh->b[e->hv & (sh->nb - 1)] = e;
-        sh->n++;
+        htab_insert(&sh->t, &e->hn, e->hv);
     }
     for (uint32_t i = 0; i < e->nloc; i++)
         if (e->locs[i].node == node && e->locs[i].tier == tier) {
@@ -471,9 +199,10 @@ static void wipe_blocks_node(struct mem *m, uint32_t node) {
     for (uint32_t s = 0; s < m->nshards; s++) {
         struct bshard *sh = &m->bs[s];
         pthread_mutex_lock(&sh->lock);
-        for (size_t i = 0; i < sh->nb; i++)
-            for (struct bent *e = sh->b[i], *nx; e; e = nx) {
-                nx = e->next;
+        for (size_t i = 0; i < sh->t.nb; i++)
+            for (struct htab_node *n = sh->t.b[i], *nx; n; n = nx) {
+                nx = n->next;
+                struct bent *e = BENT(n);
                 for (uint32_t j = 0; j < e->nloc;)
                     if (e->locs[j].node == node)
                         e->locs[j] = e->locs[--e->nloc];
@@ -491,26 +220,15 @@ static void mem_destroy(struct mstore *s) {
     struct mem *m = MEM(s);
     if (!m) return;
     for (uint32_t i = 0; i < m->nshards; i++) {
-        struct xshard *xs = &m->xs[i];
-        for (size_t b = 0; b < xs->nb; b++)
-            for (struct xent *e = xs->b[b], *nx; e; e = nx) {
-                nx = e->next;
-                free(e->pl);
-                free(e);
-            }
-        free(xs->b);
-        for (uint32_t n = 0; n < xs->nrev; n++)
-            for (int t = 0; t < MSTORE_NTIERS; t++) free(xs->rev[n][t].v);
-        free(xs->rev);
-        pthread_mutex_destroy(&xs->lock);
+        mem_xshard_fini(&m->xs[i]);
         struct bshard *bs = &m->bs[i];
-        for (size_t b = 0; b < bs->nb; b++)
-            for (struct bent *e = bs->b[b], *nx; e; e = nx) {
-                nx = e->next;
-                free(e->locs);
-                free(e);
+        for (size_t b = 0; b < bs->t.nb; b++)
+            for (struct htab_node *n = bs->t.b[b], *nx; n; n = nx) {
+                nx = n->next;
+                free(BENT(n)->locs);
+                free(BENT(n));
             }
-        free(bs->b);
+        htab_fini(&bs->t);
         pthread_mutex_destroy(&bs->lock);
     }
     for (uint32_t i = 0; i < m->nnodes; i++) {
@@ -574,11 +292,11 @@ static bool mem_unregister(struct mstore *s, const char *node_id) {
     struct mem *m = MEM(s);
     bool had = false;
     pthread_rwlock_wrlock(&m->meta);
-    uint32_t idx = do_node_find(m, node_id);
+    uint32_t idx = mem_node_find(m, node_id);
     if (idx != UINT32_MAX && m->nodes[idx]->present) {
         had = true;
         do_record_drop(m, m->nodes[idx]);
-        wipe_ext_node(m, idx);
+        mem_xkv_wipe_node(m, idx);
         wipe_blocks_node(m, idx);
     }
     pthread_rwlock_unlock(&m->meta);
@@ -593,7 +311,7 @@ static enum mstore_hb mem_heartbeat(struct mstore *s, const char *node_id, uint6
     enum mstore_hb res;
     /* The write lock makes the sequence check and the event application one CAS. */
     pthread_rwlock_wrlock(&m->meta);
-    uint32_t idx = do_node_find(m, node_id);
+    uint32_t idx = mem_node_find(m, node_id);
     struct node *n = idx != UINT32_MAX ? m->nodes[idx] : NULL;
     if (!n || !n->present) {
         *acked = 0;
@@ -645,7 +363,7 @@ static size_t mem_expire(struct mstore *s, int64_t cutoff, int64_t forget_before
             free(n->engine);
             n->engine = NULL;
             n->engine_len = 0;
-            wipe_ext_node(m, i);
+            mem_xkv_wipe_node(m, i);
             wipe_blocks_node(m, i);
             cnt++;
             if (fn) fn(n->id, arg);
@@ -670,7 +388,7 @@ static int mem_client_status(struct mstore *s, const char *node_id) {
     struct mem *m = MEM(s);
     int st = MSTORE_STATUS_UNKNOWN;
     pthread_rwlock_rdlock(&m->meta);
-    uint32_t idx = do_node_find(m, node_id);
+    uint32_t idx = mem_node_find(m, node_id);
     if (idx != UINT32_MAX && m->nodes[idx]->present) st = m->nodes[idx]->status;
     pthread_rwlock_unlock(&m->meta);
     return st;
@@ -682,7 +400,7 @@ static int mem_client_tags(struct mstore *s, const char *node_id, char ***tags, 
     *tags = NULL;
     *ntags = 0;
     pthread_rwlock_rdlock(&m->meta);
-    uint32_t idx = do_node_find(m, node_id);
+    uint32_t idx = mem_node_find(m, node_id);
     if (idx != UINT32_MAX && m->nodes[idx]->present && m->nodes[idx]->ntags) {
         struct node *n = m->nodes[idx];
         char **t = xcalloc(n->ntags, sizeof(*t));
@@ -731,401 +449,6 @@ static int mem_list_alive(struct mstore *s, struct mstore_alive **out, size_t *n
     return 0;
 }
 
-static int mem_ext_report(struct mstore *s, const char *node_id, char *const *hashes, size_t n,
-                          int tier) {
-    struct mem *m = MEM(s);
-    int rc = 1;
-    /* meta is held for reading across the writes, so the liveness check and the write
-     * are one atomic step against expiry and unregister (which take it for writing). */
-    pthread_rwlock_rdlock(&m->meta);
-    uint32_t idx = do_node_find(m, node_id);
-    if (idx == UINT32_MAX || !m->nodes[idx]->present ||
-        m->nodes[idx]->status != MSTORE_STATUS_ALIVE) {
-        rc = 0;
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        uint64_t h = hkey(hashes[i], strlen(hashes[i]));
-        struct xshard *sh = xshard_of(m, h);
-        pthread_mutex_lock(&sh->lock);
-        int r = do_xadd(m, sh, hashes[i], (uint32_t)h, idx, tier);
-        pthread_mutex_unlock(&sh->lock);
-        if (r < 0) {
-            rc = -1;
-            break;
-        }
-    }
-out:
-    pthread_rwlock_unlock(&m->meta);
-    return rc;
-}
-
-static void mem_ext_revoke(struct mstore *s, const char *node_id, char *const *hashes, size_t n,
-                           int tier) {
-    struct mem *m = MEM(s);
-    pthread_rwlock_rdlock(&m->meta);
-    uint32_t idx = do_node_find(m, node_id);
-    for (size_t i = 0; idx != UINT32_MAX && i < n; i++) {
-        size_t kl = strlen(hashes[i]);
-        uint64_t h = hkey(hashes[i], kl);
-        struct xshard *sh = xshard_of(m, h);
-        pthread_mutex_lock(&sh->lock);
-        struct xent *e = do_xfind(sh, hashes[i], kl > UINT16_MAX ? UINT16_MAX : kl, (uint32_t)h);
-        if (e) do_xdrop(m, sh, e, idx, tier, false);
-        pthread_mutex_unlock(&sh->lock);
-    }
-    pthread_rwlock_unlock(&m->meta);
-}
-
-static void mem_ext_revoke_tier(struct mstore *s, const char *node_id, int tier) {
-    struct mem *m = MEM(s);
-    pthread_rwlock_rdlock(&m->meta);
-    uint32_t idx = do_node_find(m, node_id);
-    for (uint32_t sidx = 0; idx != UINT32_MAX && sidx < m->nshards; sidx++) {
-        struct xshard *sh = &m->xs[sidx];
-        pthread_mutex_lock(&sh->lock);
-        do_xdrop_all_at(m, sh, idx, tier);
-        pthread_mutex_unlock(&sh->lock);
-    }
-    pthread_rwlock_unlock(&m->meta);
-}
-
-static void mem_ext_revoke_node(struct mstore *s, const char *node_id) {
-    struct mem *m = MEM(s);
-    pthread_rwlock_rdlock(&m->meta);
-    uint32_t idx = do_node_find(m, node_id);
-    if (idx != UINT32_MAX) wipe_ext_node(m, idx);
-    pthread_rwlock_unlock(&m->meta);
-}
-
-void mstore_match_free(struct mstore_match *mt) {
-    for (uint32_t i = 0; i < mt->nnodes; i++) free(mt->nodes[i].peer_address);
-    free(mt->nodes);
-    free(mt->pool);
-    memset(mt, 0, sizeof(*mt));
-}
-
-/* Marks the first occurrence of every distinct hash; returns NULL on no memory. */
-static bool *dedup_first(char *const *hashes, size_t n, uint64_t *hv) {
-    bool *first = xcalloc(n, sizeof(bool));
-    size_t cap = 16;
-    while (cap < n * 2) cap <<= 1;
-    uint32_t *set = xcalloc(cap, sizeof(uint32_t));
-    if (!first || !set) {
-        free(first);
-        free(set);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        hv[i] = hkey(hashes[i], strlen(hashes[i]));
-        for (size_t j = hv[i] & (cap - 1);; j = (j + 1) & (cap - 1)) {
-            uint32_t v = set[j];
-            if (!v) {
-                set[j] = (uint32_t)i + 1;
-                first[i] = true;
-                break;
-            }
-            if (hv[v - 1] == hv[i] && strcmp(hashes[v - 1], hashes[i]) == 0) break;
-        }
-    }
-    free(set);
-    return first;
-}
-
-/* One placement seen by a match: request index, node, tier bitmask. */
-struct xhit {
-    uint32_t idx, node;
-    uint8_t tiers;
-};
-
-/* Open-addressing set over the request: marks the first occurrence of each distinct key
- * (the other occurrences get hv = 0 and are skipped). -1 on no memory. */
-static int dedup_keys(const struct mstore_key *k, size_t n, uint64_t *hv, bool *first) {
-    size_t cap = 16;
-    while (cap < n * 2) cap <<= 1;
-    uint32_t *set = calloc(cap, sizeof(uint32_t));
-    if (!set) return -1;
-    for (size_t i = 0; i < n; i++) {
-        size_t kl = k[i].n > UINT16_MAX ? UINT16_MAX : k[i].n; /* as stored by report */
-        hv[i] = hkey(k[i].p, kl);
-        first[i] = false;
-        for (size_t j = hv[i] & (cap - 1);; j = (j + 1) & (cap - 1)) {
-            uint32_t v = set[j];
-            if (!v) {
-                set[j] = (uint32_t)i + 1;
-                first[i] = true;
-                break;
-            }
-            size_t ol = k[v - 1].n > UINT16_MAX ? UINT16_MAX : k[v - 1].n;
-            if (hv[v - 1] == hv[i] && ol == kl && memcmp(k[v - 1].p, k[i].p, kl) == 0) break;
-        }
-    }
-    free(set);
-    return 0;
-}
-
-/* Node index -> slot in the result, for a handful of nodes per reply. */
-static uint32_t slot_of(uint32_t *map, uint32_t cap, uint32_t node, uint32_t *nslots) {
-    for (uint32_t j = (node * 0x9e3779b1u) & (cap - 1);; j = (j + 1) & (cap - 1)) {
-        if (!map[j]) {
-            map[j] = node + 1;
-            map[cap + j] = (*nslots)++;
-            return map[cap + j];
-        }
-        if (map[j] == node + 1) return map[cap + j];
-    }
-}
-
-/* Two phases: the placements of every distinct key are copied out under their shard
- * lock, then grouped per node and tier into one index pool, so a match costs a few
- * allocations whatever its size. The lookups are memory-latency bound (an entry is a
- * bucket, a header and a placement array, each likely a cache miss), so the keys are
- * taken shard by shard, one lock each, with the bucket heads, entries and placement
- * arrays prefetched a stage ahead. Node ids and peers are read under meta afterwards; no
- * two locks are held together. */
-static int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n,
-                         bool count_as_hit, int64_t now, struct mstore_match *mt) {
-    struct mem *m = MEM(s);
-    memset(mt, 0, sizeof(*mt));
-    if (!n) return 0;
-    if (n > UINT32_MAX / 8) return -1;
-    uint64_t *hv = malloc(n * sizeof(*hv));
-    bool *first = malloc(n * sizeof(*first));
-    uint32_t *order = malloc(n * sizeof(*order)); /* key indices grouped by shard */
-    uint32_t *sstart = calloc(m->nshards + 1, sizeof(*sstart));
-    struct xent **ent = malloc(n * sizeof(*ent));     /* per key, under its shard lock */
-    uint32_t *hoff = malloc((n + 1) * sizeof(*hoff)); /* key i's placements in h */
-    size_t hcap = n * 2, nh = 0;
-    struct xhit *h = malloc(hcap * sizeof(*h));
-    int rc =
-        hv && first && order && sstart && ent && hoff && h ? dedup_keys(keys, n, hv, first) : -1;
-    uint32_t smask = m->nshards - 1;
-    if (!rc) {
-        for (size_t i = 0; i < n; i++)
-            if (first[i]) sstart[((hv[i] >> 40) & smask) + 1]++;
-        for (uint32_t k = 0; k < m->nshards; k++) sstart[k + 1] += sstart[k];
-        uint32_t *pos = malloc(m->nshards * sizeof(*pos));
-        if (!pos) {
-            rc = -1;
-        } else {
-            memcpy(pos, sstart, m->nshards * sizeof(*pos));
-            for (size_t i = 0; i < n; i++)
-                if (first[i]) order[pos[(hv[i] >> 40) & smask]++] = (uint32_t)i;
-            free(pos);
-        }
-        for (size_t i = 0; i < n; i++) hoff[i] = UINT32_MAX;
-    }
-    /* Unlocked prefetch of every bucket head, so the misses overlap across shards. A
-     * concurrent regrow makes the address stale: a wasted hint, never a fault. */
-    for (size_t i = 0; !rc && i < n; i++) {
-        if (!first[i]) continue;
-        struct xshard *sh = xshard_of(m, hv[i]);
-        uintptr_t b = (uintptr_t)atomic_load_explicit(&sh->b, memory_order_relaxed);
-        size_t nb = atomic_load_explicit(&sh->nb, memory_order_relaxed);
-        __builtin_prefetch((const void *)(b + (hv[i] & (nb - 1)) * sizeof(struct xent *)));
-    }
-    for (uint32_t k = 0; !rc && k < m->nshards; k++) {
-        uint32_t lo = sstart[k], hi = sstart[k + 1];
-        if (lo == hi) continue;
-        struct xshard *sh = &m->xs[k];
-        pthread_mutex_lock(&sh->lock);
-        size_t bm = sh->nb - 1;
-        struct xent **bk = sh->b;
-        for (uint32_t j = lo; j < hi; j++) {
-            struct xent *e = bk[hv[order[j]] & bm];
-            if (e) { /* header and key: a 64-byte key straddles two lines */
-                __builtin_prefetch(e);
-                __builtin_prefetch((const char *)e + 64);
-            }
-        }
-        for (uint32_t j = lo; j < hi; j++) {
-            uint32_t i = order[j];
-            size_t kl = keys[i].n > UINT16_MAX ? UINT16_MAX : keys[i].n;
-            struct xent *e = do_xfind(sh, keys[i].p, kl, (uint32_t)hv[i]);
-            ent[i] = e && e->nplace ? e : NULL;
-            if (ent[i]) __builtin_prefetch(e->pl);
-        }
-        for (uint32_t j = lo; !rc && j < hi; j++) {
-            uint32_t i = order[j];
-            struct xent *e = ent[i];
-            if (!e) continue;
-            if (nh + e->nplace > UINT32_MAX / 4) { /* slot map and offsets are 32-bit */
-                rc = -1;
-                break;
-            }
-            if (nh + e->nplace > hcap) {
-                size_t nc = (nh + e->nplace) * 2;
-                void *p = realloc(h, nc * sizeof(*h));
-                if (!p) {
-                    rc = -1;
-                    break;
-                }
-                h = p;
-                hcap = nc;
-            }
-            hoff[i] = (uint32_t)nh;
-            for (uint16_t p = 0; p < e->nplace; p++)
-                h[nh++] = (struct xhit){(uint32_t)i, e->pl[p].node, e->pl[p].tiers};
-            if (count_as_hit) {
-                e->hits++;
-                if (now > e->last_seen) e->last_seen = now;
-            }
-        }
-        pthread_mutex_unlock(&sh->lock);
-    }
-    /* Back to request order: hits of key i are h[hoff[i]] up to the next key's. */
-    struct xhit *ho = rc ? NULL : malloc((nh + 1) * sizeof(*ho));
-    if (!rc && !ho) rc = -1;
-    if (!rc) {
-        size_t o = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (hoff[i] == UINT32_MAX) continue;
-            for (size_t k = hoff[i]; k < nh && h[k].idx == i; k++) ho[o++] = h[k];
-        }
-        free(h);
-        h = ho;
-    }
-    free(hv);
-    free(first);
-    free(order);
-    free(sstart);
-    free(ent);
-    free(hoff);
-    /* Group: slots in order of first appearance, per slot and tier a count, then offsets
-     * into one pool filled in request order. */
-    uint32_t mcap = 16, nslots = 0;
-    while (mcap < nh * 2) mcap <<= 1;
-    uint32_t *map = rc ? NULL : calloc((size_t)mcap * 2, sizeof(uint32_t));
-    uint32_t *slot = rc ? NULL : malloc((nh + 1) * sizeof(uint32_t));
-    size_t ntot = 0;
-    if (!rc && (!map || !slot)) rc = -1;
-    for (size_t k = 0; !rc && k < nh; k++) slot[k] = slot_of(map, mcap, h[k].node, &nslots);
-    if (!rc) {
-        mt->nodes = calloc(nslots + 1, sizeof(*mt->nodes));
-        if (!mt->nodes) rc = -1;
-    }
-    for (size_t k = 0; !rc && k < nh; k++) {
-        struct mstore_match_node *mn = &mt->nodes[slot[k]];
-        mn->node = h[k].node;
-        mn->distinct++;
-        for (int t = 0; t < MSTORE_NTIERS; t++)
-            if (h[k].tiers & (1u << t)) {
-                mn->tiers[t].n++;
-                ntot++;
-            }
-    }
-    if (!rc) {
-        mt->nnodes = nslots;
-        mt->pool = malloc((ntot + 1) * sizeof(uint32_t));
-        if (!mt->pool) rc = -1;
-    }
-    if (!rc) {
-        uint32_t off = 0;
-        for (uint32_t i = 0; i < nslots; i++)
-            for (int t = 0; t < MSTORE_NTIERS; t++) {
-                struct mstore_match_tier *b = &mt->nodes[i].tiers[t];
-                b->tier = t;
-                b->idx = mt->pool + off;
-                off += b->n;
-                b->n = 0;
-            }
-        for (size_t k = 0; k < nh; k++) {
-            struct mstore_match_node *mn = &mt->nodes[slot[k]];
-            for (int t = 0; t < MSTORE_NTIERS; t++)
-                if (h[k].tiers & (1u << t)) mn->tiers[t].idx[mn->tiers[t].n++] = h[k].idx;
-        }
-    }
-    free(h);
-    free(map);
-    free(slot);
-    if (rc) {
-        mstore_match_free(mt);
-        return rc;
-    }
-    /* Compact the tier buckets (ascending) and attach node ids and live peers. */
-    pthread_rwlock_rdlock(&m->meta);
-    for (uint32_t i = 0; i < mt->nnodes; i++) {
-        struct mstore_match_node *mn = &mt->nodes[i];
-        struct node *nd = m->nodes[mn->node];
-        mn->node_id = nd->id;
-        bool alive = nd->present && nd->status == MSTORE_STATUS_ALIVE;
-        mn->peer_address = strdup(alive ? nd->peer_address : "");
-        if (!mn->peer_address) rc = -1;
-        uint32_t k = 0;
-        for (int t = 0; t < MSTORE_NTIERS; t++)
-            if (mn->tiers[t].n) mn->tiers[k++] = mn->tiers[t];
-        for (uint32_t t = k; t < MSTORE_NTIERS; t++) mn->tiers[t] = (struct mstore_match_tier){0};
-        mn->ntiers = k;
-    }
-    pthread_rwlock_unlock(&m->meta);
-    if (rc) mstore_match_free(mt);
-    return rc;
-}
-
-static int mem_hit_counts(struct mstore *s, char *const *hashes, size_t n, struct mstore_hit **out,
-                          size_t *nout) {
-    struct mem *m = MEM(s);
-    *out = NULL;
-    *nout = 0;
-    if (!n) return 0;
-    uint64_t *hv = malloc(n * sizeof(*hv));
-    bool *first = hv ? dedup_first(hashes, n, hv) : NULL;
-    struct mstore_hit *h = first ? xcalloc(n, sizeof(*h)) : NULL;
-    if (!h) {
-        free(hv);
-        free(first);
-        return -1;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!first[i]) continue;
-        size_t kl = strlen(hashes[i]);
-        struct xshard *sh = xshard_of(m, hv[i]);
-        pthread_mutex_lock(&sh->lock);
-        struct xent *e =
-            do_xfind(sh, hashes[i], kl > UINT16_MAX ? UINT16_MAX : kl, (uint32_t)hv[i]);
-        if (e && e->hits) h[k++] = (struct mstore_hit){(uint32_t)i, e->hits};
-        pthread_mutex_unlock(&sh->lock);
-    }
-    free(hv);
-    free(first);
-    *out = h;
-    *nout = k;
-    return 0;
-}
-
-static size_t mem_hit_gc(struct mstore *s, int64_t cutoff) {
-    struct mem *m = MEM(s);
-    size_t dropped = 0;
-    for (uint32_t sidx = 0; sidx < m->nshards; sidx++) {
-        struct xshard *sh = &m->xs[sidx];
-        pthread_mutex_lock(&sh->lock);
-        for (size_t b = 0; b < sh->nb; b++)
-            for (struct xent *e = sh->b[b], *nx; e; e = nx) {
-                nx = e->next;
-                if (!e->hits || e->last_seen >= cutoff) continue;
-                e->hits = 0;
-                dropped++;
-                if (!e->nplace) do_xunlink_free(m, sh, e);
-            }
-        pthread_mutex_unlock(&sh->lock);
-    }
-    return dropped;
-}
-
-static size_t mem_ext_count(struct mstore *s) {
-    struct mem *m = MEM(s);
-    size_t c = 0;
-    for (uint32_t sidx = 0; sidx < m->nshards; sidx++) {
-        struct xshard *sh = &m->xs[sidx];
-        pthread_mutex_lock(&sh->lock);
-        for (uint32_t n = 0; n < sh->nrev; n++)
-            for (int t = 0; t < MSTORE_NTIERS; t++) c += sh->rev[n][t].n;
-        pthread_mutex_unlock(&sh->lock);
-    }
-    return c;
-}
-
 static bool excluded(uint32_t node, const uint32_t *ex, size_t nex) {
     for (size_t i = 0; i < nex; i++)
         if (ex[i] == node) return true;
@@ -1141,7 +464,7 @@ static int mem_route_get(struct mstore *s, char *const *keys, size_t n, char *co
     size_t nex = 0;
     pthread_rwlock_rdlock(&m->meta);
     for (size_t i = 0; i < nexcl; i++) {
-        uint32_t idx = do_node_find(m, excl[i]);
+        uint32_t idx = mem_node_find(m, excl[i]);
         if (idx != UINT32_MAX) ex[nex++] = idx;
     }
     int rc = 0;
@@ -1235,15 +558,12 @@ struct mstore *mstore_mem_create(const struct mstore_mem_cfg *cfg) {
         free(m);
         return NULL;
     }
-    memset(m->xs, 0, ns * sizeof(*m->xs));
     memset(m->bs, 0, ns * sizeof(*m->bs));
     for (uint32_t i = 0; i < ns; i++) {
-        pthread_mutex_init(&m->xs[i].lock, NULL);
         pthread_mutex_init(&m->bs[i].lock, NULL);
-        m->xs[i].nb = m->bs[i].nb = 16;
-        m->xs[i].b = xcalloc(16, sizeof(struct xent *));
-        m->bs[i].b = xcalloc(16, sizeof(struct bent *));
-        if (!m->xs[i].b || !m->bs[i].b) {
+        int xr = mem_xshard_init(&m->xs[i]);
+        int br = htab_init(&m->bs[i].t, 16, bent_hash, NULL);
+        if (xr != 0 || br != 0) {
             m->nshards = i + 1;
             mem_destroy(&m->base);
             return NULL;
@@ -1268,7 +588,7 @@ size_t mstore_mem_bytes(struct mstore *s) {
     for (uint32_t i = 0; i < m->nshards; i++) {
         struct xshard *sh = &m->xs[i];
         pthread_mutex_lock(&sh->lock);
-        b += sh->nb * sizeof(void *);
+        b += sh->t.nb * sizeof(void *);
         for (uint32_t n = 0; n < sh->nrev; n++)
             for (int t = 0; t < MSTORE_NTIERS; t++) b += sh->rev[n][t].cap * sizeof(void *);
         pthread_mutex_unlock(&sh->lock);

@@ -3,6 +3,7 @@
 #include "master/mwire.h"
 
 #include "base/pbwire.h"
+#include "base/utf8.h"
 
 #include <protobuf-c/protobuf-c.h>
 #include <stdlib.h>
@@ -57,36 +58,9 @@ bad:
 }
 
 int mwire_text_check(const char *s, size_t n) {
-    const uint8_t *p = (const uint8_t *)s, *end = p + n;
-    while (p < end) {
-        uint8_t c = *p;
-        if (c < 0x80) { /* ASCII: the common case */
-            if (!c) return MWIRE_TEXT_NUL;
-            p++;
-            continue;
-        }
-        /* Well-formed UTF-8 (RFC 3629): no overlong forms, no surrogates, <= U+10FFFF. */
-        size_t len;
-        uint8_t lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) {
-            len = 2;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            len = 3;
-            if (c == 0xe0) lo = 0xa0;
-            if (c == 0xed) hi = 0x9f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            len = 4;
-            if (c == 0xf0) lo = 0x90;
-            if (c == 0xf4) hi = 0x8f;
-        } else {
-            return MWIRE_TEXT_UTF8;
-        }
-        if ((size_t)(end - p) < len || p[1] < lo || p[1] > hi) return MWIRE_TEXT_UTF8;
-        for (size_t i = 2; i < len; i++)
-            if ((p[i] & 0xc0) != 0x80) return MWIRE_TEXT_UTF8;
-        p += len;
-    }
-    return MWIRE_TEXT_OK;
+    struct utf8_error e;
+    if (utf8_check(s, n, UTF8_NO_NUL, &e) == n) return MWIRE_TEXT_OK;
+    return e.reason == UTF8_NUL ? MWIRE_TEXT_NUL : MWIRE_TEXT_UTF8;
 }
 
 /* One message level; sub-messages recurse (umbp.proto has no recursive message, so the

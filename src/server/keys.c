@@ -2,6 +2,7 @@
 #include "server/keys.h"
 
 #include "base/errbuf.h"
+#include "base/hash.h"
 
 #include <openssl/evp.h>
 #include <openssl/sha.h>
@@ -12,8 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define set_err errbuf_set
 
 /* ---- chunk hashing -------------------------------------------------------------------------- */
 
@@ -104,23 +103,23 @@ void keys_hex_encode(const uint8_t *in, size_t n, char *out) {
 int keys_hash_from_hex(const char *hex, size_t len, uint8_t out[KEYS_HASH_MAX], uint8_t *out_len,
                        char *err, size_t errlen) {
     if (len == 0) {
-        set_err(err, errlen, "chunk hash hex must not be empty");
+        errbuf_set(err, errlen, "chunk hash hex must not be empty");
         return -1;
     }
     if (len % 2 != 0) {
-        set_err(err, errlen, "chunk hash hex must have an even number of digits (got %zu)", len);
+        errbuf_set(err, errlen, "chunk hash hex must have an even number of digits (got %zu)", len);
         return -1;
     }
     if (len > 2 * KEYS_HASH_MAX) {
-        set_err(err, errlen, "chunk hash hex must be at most %d digits (got %zu)",
-                2 * KEYS_HASH_MAX, len);
+        errbuf_set(err, errlen, "chunk hash hex must be at most %d digits (got %zu)",
+                   2 * KEYS_HASH_MAX, len);
         return -1;
     }
     for (size_t i = 0; i < len; i += 2) {
         int hi = hexval(hex[i]), lo = hexval(hex[i + 1]);
         if (hi < 0 || lo < 0) {
-            set_err(err, errlen, "chunk hash hex has a non-hex character at position %zu",
-                    hi < 0 ? i : i + 1);
+            errbuf_set(err, errlen, "chunk hash hex has a non-hex character at position %zu",
+                       hi < 0 ? i : i + 1);
             return -1;
         }
         out[i / 2] = (uint8_t)(hi << 4 | lo);
@@ -133,11 +132,11 @@ int keys_hash_from_hex(const char *hex, size_t len, uint8_t out[KEYS_HASH_MAX], 
 
 int keys_kv_rank_pack(long world_size, long rank, uint32_t *out, char *err, size_t errlen) {
     if (world_size < 1 || world_size > 255) {
-        set_err(err, errlen, "world_size must be 1..255 (got %ld)", world_size);
+        errbuf_set(err, errlen, "world_size must be 1..255 (got %ld)", world_size);
         return -1;
     }
     if (rank < 0 || rank >= world_size) {
-        set_err(err, errlen, "rank must be 0..%ld (got %ld)", world_size - 1, rank);
+        errbuf_set(err, errlen, "rank must be 0..%ld (got %ld)", world_size - 1, rank);
         return -1;
     }
     uint32_t w = (uint32_t)world_size, r = (uint32_t)rank;
@@ -154,17 +153,18 @@ void keys_kv_rank_unpack(uint32_t kv_rank, unsigned *world_size, unsigned *rank)
 
 int keys_check_model_name(const char *s, size_t len, char *err, size_t errlen) {
     if (len > KEYS_MODEL_NAME_MAX) {
-        set_err(err, errlen, "model_name must be at most %d bytes (got %zu)", KEYS_MODEL_NAME_MAX,
-                len);
+        errbuf_set(err, errlen, "model_name must be at most %d bytes (got %zu)",
+                   KEYS_MODEL_NAME_MAX, len);
         return -1;
     }
     for (size_t i = 0; i < len; i++) {
         if (s[i] == '@') {
-            set_err(err, errlen, "model_name must not contain '@' (position %zu)", i);
+            errbuf_set(err, errlen, "model_name must not contain '@' (position %zu)", i);
             return -1;
         }
         if (s[i] == '\0') {
-            set_err(err, errlen, "model_name must not contain a NUL character (position %zu)", i);
+            errbuf_set(err, errlen, "model_name must not contain a NUL character (position %zu)",
+                       i);
             return -1;
         }
     }
@@ -173,18 +173,19 @@ int keys_check_model_name(const char *s, size_t len, char *err, size_t errlen) {
 
 int keys_check_cache_salt(const char *s, size_t len, char *err, size_t errlen) {
     if (len > KEYS_SALT_MAX) {
-        set_err(err, errlen, "cache_salt must be at most %d characters (got %zu)", KEYS_SALT_MAX,
-                len);
+        errbuf_set(err, errlen, "cache_salt must be at most %d characters (got %zu)", KEYS_SALT_MAX,
+                   len);
         return -1;
     }
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (c == '@' || c == '/' || c == '\\') {
-            set_err(err, errlen, "cache_salt must not contain '%c' (position %zu)", c, i);
+            errbuf_set(err, errlen, "cache_salt must not contain '%c' (position %zu)", c, i);
             return -1;
         }
         if (c == '\0') {
-            set_err(err, errlen, "cache_salt must not contain a NUL character (position %zu)", i);
+            errbuf_set(err, errlen, "cache_salt must not contain a NUL character (position %zu)",
+                       i);
             return -1;
         }
     }
@@ -193,11 +194,11 @@ int keys_check_cache_salt(const char *s, size_t len, char *err, size_t errlen) {
 
 int keys_check_object_group_id(long long group, char *err, size_t errlen) {
     if (group < 0) {
-        set_err(err, errlen, "object_group_id must be >= 0 (got %lld)", group);
+        errbuf_set(err, errlen, "object_group_id must be >= 0 (got %lld)", group);
         return -1;
     }
     if (group > (long long)UINT32_MAX) {
-        set_err(err, errlen, "object_group_id must be at most %u (got %lld)", UINT32_MAX, group);
+        errbuf_set(err, errlen, "object_group_id must be at most %u (got %lld)", UINT32_MAX, group);
         return -1;
     }
     return 0;
@@ -210,7 +211,7 @@ int keys_object_key_init(struct keys_object_key *k, const char *hash_hex, size_t
     memset(k, 0, sizeof(*k));
     if (!cache_salt) salt_len = 0;
     if (!hash_hex || !model_name) {
-        set_err(err, errlen, "%s is required", hash_hex ? "model_name" : "chunk_hash_hex");
+        errbuf_set(err, errlen, "%s is required", hash_hex ? "model_name" : "chunk_hash_hex");
         return -1;
     }
     if (keys_hash_from_hex(hash_hex, hash_hex_len, k->hash, &k->hash_len, err, errlen) != 0)
@@ -271,27 +272,27 @@ int keys_l2_name_parse(const char *name, size_t len, struct keys_object_key *out
         }
     }
     if (nf != 4 && nf != 5) {
-        set_err(err, errlen, "L2 object name must have 4 or 5 '@'-separated fields (got %s%zu)",
-                nf == 6 ? "more than " : "", nf == 6 ? (size_t)5 : nf);
+        errbuf_set(err, errlen, "L2 object name must have 4 or 5 '@'-separated fields (got %s%zu)",
+                   nf == 6 ? "more than " : "", nf == 6 ? (size_t)5 : nf);
         return -1;
     }
     uint32_t rank, group;
     if (parse_hex_u32(f[1], fl[1], 8, 8, &rank) != 0) {
-        set_err(err, errlen, "L2 object name: kv_rank must be exactly 8 hex digits");
+        errbuf_set(err, errlen, "L2 object name: kv_rank must be exactly 8 hex digits");
         return -1;
     }
     if (parse_hex_u32(f[2], fl[2], 1, 8, &group) != 0) {
-        set_err(err, errlen, "L2 object name: object_group_id must be 1 to 8 hex digits");
+        errbuf_set(err, errlen, "L2 object name: object_group_id must be 1 to 8 hex digits");
         return -1;
     }
     if (nf == 5 && fl[4] == 0) {
-        set_err(err, errlen, "L2 object name: the cache_salt field must not be empty");
+        errbuf_set(err, errlen, "L2 object name: the cache_salt field must not be empty");
         return -1;
     }
     char e2[KEYS_ERR_MAX];
     if (keys_object_key_init(out, f[3], fl[3], f[0], fl[0], rank, group, nf == 5 ? f[4] : NULL,
                              nf == 5 ? fl[4] : 0, e2, sizeof(e2)) != 0) {
-        set_err(err, errlen, "L2 object name: %s", e2);
+        errbuf_set(err, errlen, "L2 object name: %s", e2);
         return -1;
     }
     return 0;
@@ -313,11 +314,7 @@ struct keys_intern {
     uint32_t free_head, free_n;
 };
 
-static uint32_t str_hash(const char *s, size_t len) {
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
-    return h;
-}
+static uint32_t str_hash(const char *s, size_t len) { return fnv1a32(s, len); }
 
 struct keys_intern *keys_intern_create(uint32_t max_ids) {
     if (max_ids == 0 || max_ids > (1u << 24)) return NULL;

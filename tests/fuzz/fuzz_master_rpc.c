@@ -1,8 +1,10 @@
 /* libFuzzer driver over the master's request decoders and handlers: the first byte picks
  * the method, the rest is the protobuf request, run against one long-lived store. The
- * hand-written MatchExternalKv decoder is also checked against protobuf-c's. */
+ * hand-written MatchExternalKv decoder is also checked against protobuf-c's (the driver aborts
+ * when it cannot find that method). Seeds: tests/fuzz/corpus/fuzz_master_rpc (gen_corpus.py). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,9 +17,19 @@
 static int64_t fixed_now(void) { return 1000000; }
 static uint64_t fixed_rand(void) { return 42; }
 
+static const char MATCH_PATH[] = "/umbp.UMBPMaster/MatchExternalKv";
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static struct master m;
+    static size_t match_method;
     if (!m.store) {
+        /* Without the method the decoder comparison below would silently never run. */
+        int idx = mrpc_find(MATCH_PATH, strlen(MATCH_PATH));
+        if (idx < 0) {
+            fprintf(stderr, "fuzz_master_rpc: no method %s\n", MATCH_PATH);
+            abort();
+        }
+        match_method = (size_t)idx;
         log_set_level(log_get("lmcache"), LOG_CRITICAL);
         mcfg_load(&m.cfg, (const char *(*)(const char *))getenv, NULL, NULL);
         struct mstore_mem_cfg c = {.shards = 4};
@@ -27,7 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         m.rand64 = fixed_rand;
     }
     if (size < 1) return 0;
-    if (data[0] % MRPC_NMETHODS == (size_t)mrpc_find("/umbp.UMBPMaster/MatchExternalKv", 32)) {
+    if (data[0] % MRPC_NMETHODS == match_method) {
         struct mstore_key *k;
         size_t nk;
         bool hit;

@@ -71,14 +71,25 @@ def test_log_level_from_environment(make_server):
 
 
 def test_threads_lists_every_thread_with_stacks(server):
-    # The one-shot l1-prefault thread exits when done; wait so the thread set is stable.
-    deadline = time.time() + 30
-    while time.time() < deadline:
+    # The one-shot l1-prefault thread exits when done; wait until it is gone so the thread set
+    # is stable.
+    def task_names():
+        names = []
+        for tid in os.listdir(f"/proc/{server.proc.pid}/task"):
+            try:
+                with open(f"/proc/{server.proc.pid}/task/{tid}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                pass  # exited meanwhile
+        return names
+
+    deadline = time.monotonic() + 30
+    while True:
         l1 = server.get("/status").json()["storage_manager"]["l1"]
-        if l1["prefaulted_bytes"] == l1["bytes_total"]:
+        if l1["prefaulted_bytes"] == l1["bytes_total"] and "l1-prefault" not in task_names():
             break
+        assert time.monotonic() < deadline, "the l1-prefault thread did not finish in 30 s"
         time.sleep(0.05)
-    time.sleep(0.2)
     r = server.get("/threads")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     first = r.text.splitlines()[0]

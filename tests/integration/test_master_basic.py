@@ -197,11 +197,41 @@ def test_report_metrics_relay_with_tags(master):
     s.UnregisterClient(pb.UnregisterClientRequest(node_id="rel"))
 
 
+def listening_ports(pid):
+    """TCP ports on which process pid has a listening socket: its socket inodes (from
+    /proc/<pid>/fd) matched against the LISTEN rows of /proc/<pid>/net/tcp and tcp6."""
+    inodes = set()
+    fd_dir = "/proc/%d/fd" % pid
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue  # closed meanwhile
+        m = re.fullmatch(r"socket:\[(\d+)\]", target)
+        if m:
+            inodes.add(m.group(1))
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open("/proc/%d/net/%s" % (pid, table)) as f:
+            next(f)  # header
+            for row in f:
+                cols = row.split()
+                local, state, inode = cols[1], cols[3], cols[9]
+                if state == "0A" and inode in inodes:  # 0A: TCP_LISTEN
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
 def test_metrics_port_zero_disables_endpoint():
+    # The check itself: a master with metrics listens on exactly its two ports.
+    with Master() as full:
+        assert listening_ports(full.proc.pid) == {full.port, full.metrics_port}
     m = Master(metrics=False)
     c = UMBPMasterClient(m.addr)
     assert c.match_external_kv(["a"]) == []
     stub(m).ReportMetrics(pb.ReportMetricsRequest(node_id="x"))
+    # Port 0 means no metrics endpoint at all (not one on a kernel-chosen port).
+    assert listening_ports(m.proc.pid) == {m.port}
     assert m.stop() == 0
 
 

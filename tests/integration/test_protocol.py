@@ -10,6 +10,7 @@ import mmap
 import os
 import random
 import struct
+import time
 import uuid
 
 import msgpack
@@ -139,12 +140,15 @@ def prompt(seed, chunks):
     return [rnd.randrange(1 << 32) for _ in range(chunks * CHUNK)]
 
 
-def hits(w, rid, tokens, **kw):
+def hits(w, rid, tokens, wait_s=30, **kw):
     w.ok("lookup", request_id=rid, model_name=MODEL, token_ids=tokens, **kw)
+    deadline = time.monotonic() + wait_s
     while True:
         st = w.ok("query_prefetch_status", request_id=rid)
         if st["ready"]:
             return st["hit_chunks"]
+        assert time.monotonic() < deadline, "lookup %s not ready after %d s" % (rid, wait_s)
+        time.sleep(0.01)
 
 
 # ---- framing -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/jfield.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/size.h"
@@ -32,6 +33,24 @@ static void test_size_parse(void **state) {
         "", "0", "-1", "GiB", "1XB", "1 GiB x", "99999999999999999999", "20000000t", "1..5g", NULL};
     for (int i = 0; bad[i]; i++) assert_int_equal(size_parse(bad[i], &v, err, sizeof(err)), -1);
     assert_int_equal(size_parse(NULL, &v, err, sizeof(err)), -1);
+}
+
+/* Error messages go through errbuf_set: a caller without a buffer (NULL, any length) gets the
+ * status alone, and a short buffer gets a terminated prefix. */
+static void test_errors_without_a_buffer(void **state) {
+    (void)state;
+    uint64_t v = 0;
+    assert_int_equal(size_parse("1XB", &v, NULL, 64), -1);
+    assert_int_equal(size_parse(NULL, &v, NULL, 64), -1);
+    json_t *o = json_pack("{s:s, s:i}", "n", "x", "s", 7);
+    long n = 0;
+    char *str = NULL;
+    assert_int_equal(jfield_int(o, "n", 0, 10, &n, "t", NULL, 64), -1);
+    assert_int_equal(jfield_str(o, "s", &str, "t", NULL, 64), -1);
+    char small[8];
+    assert_int_equal(size_parse("1XB", &v, small, sizeof(small)), -1);
+    assert_int_equal(strlen(small), sizeof(small) - 1);
+    json_decref(o);
 }
 
 static void test_log_levels_and_inheritance(void **state) {
@@ -140,6 +159,7 @@ static void test_strbuf(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_parse),
+        cmocka_unit_test(test_errors_without_a_buffer),
         cmocka_unit_test(test_log_levels_and_inheritance),
         cmocka_unit_test(test_metrics_exposition),
         cmocka_unit_test(test_metrics_computed_gauge_survives_reset),

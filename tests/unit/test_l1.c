@@ -381,6 +381,43 @@ static void test_clear(void **state) {
     l1_destroy(l1);
 }
 
+/* Each of the 8 stripe tables starts with 16 buckets and grows far past it: every key stays
+ * reachable with its own bytes, deletes find theirs, and clear walks every chain. */
+static void test_table_grows_and_keeps_every_entry(void **state) {
+    (void)state;
+    enum { N = 2000 };
+    struct l1 *l1 = mk((uint64_t)N * 4096, L1_POLICY_NOOP, NULL);
+    uint64_t now = SEC;
+    for (unsigned i = 0; i < N; i++) {
+        struct l1_key k = key(l1, i, NULL);
+        struct l1_ref w;
+        assert_int_equal(l1_reserve_write(l1, &k, 8, false, now, &w), L1_OK);
+        memcpy(w.data, &i, sizeof(i));
+        assert_int_equal(l1_finish_write(l1, &k, w.token, 0, now), L1_OK);
+    }
+    for (unsigned i = 0; i < N; i++) {
+        struct l1_key k = key(l1, i, NULL);
+        struct l1_ref r;
+        assert_int_equal(l1_reserve_read(l1, &k, 1, now, &r), L1_OK);
+        unsigned got;
+        memcpy(&got, r.data, sizeof(got));
+        assert_int_equal(got, i);
+        assert_int_equal(l1_finish_read(l1, &k, 1, now), L1_OK);
+    }
+    for (unsigned i = 0; i < N; i += 2) {
+        struct l1_key k = key(l1, i, NULL);
+        assert_int_equal(l1_delete(l1, &k, false, now), L1_OK);
+    }
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.objects, N / 2);
+    assert_int_equal(l1_clear(l1, false, now), N / 2);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.objects, 0);
+    assert_int_equal(st.bytes_used, 0);
+    l1_destroy(l1);
+}
+
 static void test_prefix_lookup_and_names(void **state) {
     (void)state;
     struct l1 *l1 = mk(4 << 20, L1_POLICY_LRU, NULL);
@@ -576,6 +613,7 @@ int main(void) {
         cmocka_unit_test(test_isolated_lru_quota),
         cmocka_unit_test(test_isolated_evict_on_allocate),
         cmocka_unit_test(test_clear),
+        cmocka_unit_test(test_table_grows_and_keeps_every_entry),
         cmocka_unit_test(test_prefix_lookup_and_names),
         cmocka_unit_test(test_forced_clear_defers_locked_free),
         cmocka_unit_test(test_isolated_locks_capped_by_quota),

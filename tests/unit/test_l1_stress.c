@@ -1,7 +1,12 @@
 /* Multi-threaded stress of the L1 table: threads store, read, delete, touch and evict
  * overlapping keys of several salts in a small arena while one thread runs the evictor tick.
  * Every read under a read lock checks the object's bytes, so an entry freed or reused while
- * locked shows up as a mismatch; ThreadSanitizer runs this test (scripts/test-extra.sh). */
+ * locked shows up as a mismatch; ThreadSanitizer runs this test (scripts/test-extra.sh).
+ *
+ * The fake clock follows the workers: each publishes the time its current operation started,
+ * and the ticker never moves the clock more than half a lease past the slowest of them, so a
+ * worker slowed down (TSan, a loaded machine) can never see its lease run out under it; a
+ * mismatch is then always a bug. Each worker also checks that promise after every operation. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,13 +25,21 @@
 #define NTHREADS       4
 #define OPS_PER_THREAD 100000
 #define SEC            1000000000ull
+#define TTL            (60 * SEC)
+#define IDLE           UINT64_MAX /* a worker between runs or done */
 
 struct ctx {
     struct l1 *l1;
     struct l1_key keys[NKEYS];
-    _Atomic uint64_t clock; /* fake time, advanced by the ticking thread */
+    _Atomic uint64_t clock;             /* fake time, advanced by the ticking thread */
+    _Atomic uint64_t started[NTHREADS]; /* the clock at the start of each worker's operation */
     _Atomic int running;
-    _Atomic uint64_t mismatches, stores, reads, nomem;
+    _Atomic uint64_t mismatches, stores, reads, nomem, overruns, ticks;
+};
+
+struct worker_arg {
+    struct ctx *c;
+    int id;
 };
 
 static uint64_t obj_size(unsigned i) { return 4096u * (1 + i % 7) + (i % 3) * 100; }
@@ -45,12 +58,16 @@ static bool check(const void *p, uint64_t size, unsigned i) {
 }
 
 static void *worker(void *arg) {
-    struct ctx *c = arg;
+    struct ctx *c = ((struct worker_arg *)arg)->c;
+    int id = ((struct worker_arg *)arg)->id;
     unsigned seed = (unsigned)(uintptr_t)pthread_self();
     for (int op = 0; op < OPS_PER_THREAD; op++) {
         unsigned i = (unsigned)rand_r(&seed) % NKEYS;
         const struct l1_key *k = &c->keys[i];
+        /* Published before use: the ticker bounds the clock by this value (or an older, smaller
+         * one it read before), so every lease taken at `now` outlives the operation. */
         uint64_t now = atomic_load(&c->clock);
+        atomic_store(&c->started[id], now);
         int what = rand_r(&seed) % 100;
         struct l1_ref r;
         if (what < 40) {
@@ -88,15 +105,29 @@ static void *worker(void *arg) {
             struct l1_stats st;
             l1_get_stats(c->l1, now, &st);
         }
+        if (atomic_load(&c->clock) - now >= TTL / 2) atomic_fetch_add(&c->overruns, 1);
     }
+    atomic_store(&c->started[id], IDLE);
     return NULL;
 }
 
 static void *ticker(void *arg) {
     struct ctx *c = arg;
     while (atomic_load(&c->running)) {
-        /* 10 ms of fake time per tick: leases (60 s) never expire under a live copy. */
-        uint64_t now = atomic_fetch_add(&c->clock, 10000000ull);
+        /* 10 ms of fake time per tick, but never more than TTL / 2 past the start of any
+         * worker's current operation: leases (60 s) never expire under a live copy. */
+        uint64_t slowest = IDLE;
+        for (int w = 0; w < NTHREADS; w++) {
+            uint64_t t = atomic_load(&c->started[w]);
+            if (t < slowest) slowest = t;
+        }
+        uint64_t now = atomic_load(&c->clock), next = now + 10000000ull;
+        if (slowest != IDLE && next > slowest + TTL / 2 - 1) next = slowest + TTL / 2 - 1;
+        if (next > now) {
+            atomic_store(&c->clock, next);
+            now = next;
+            atomic_fetch_add(&c->ticks, 1);
+        }
         struct l1_tick_report rep;
         l1_evict_tick(c->l1, now, &rep);
         l1_quota_changed(c->l1);
@@ -112,8 +143,8 @@ static void run(enum l1_policy pol) {
     assert_int_equal(quota_set(q, "", 512 * 1024, err, sizeof(err)), 0);
     struct l1_config cfg = {.size_bytes = 2 << 20,
                             .policy = pol,
-                            .read_ttl_ns = 60 * SEC,
-                            .write_ttl_ns = 60 * SEC,
+                            .read_ttl_ns = TTL,
+                            .write_ttl_ns = TTL,
                             .touch_interval_ns = 1000000,
                             .stripes = 16,
                             .alloc_evict_max = 256,
@@ -133,10 +164,15 @@ static void run(enum l1_policy pol) {
         assert_int_equal(l1_key_make(c->l1, &k, &c->keys[i]), L1_OK);
     }
     atomic_store(&c->clock, SEC);
+    for (int i = 0; i < NTHREADS; i++) atomic_store(&c->started[i], SEC);
     atomic_store(&c->running, 1);
     pthread_t th[NTHREADS], tk;
+    struct worker_arg wa[NTHREADS];
     assert_int_equal(pthread_create(&tk, NULL, ticker, c), 0);
-    for (int i = 0; i < NTHREADS; i++) assert_int_equal(pthread_create(&th[i], NULL, worker, c), 0);
+    for (int i = 0; i < NTHREADS; i++) {
+        wa[i] = (struct worker_arg){c, i};
+        assert_int_equal(pthread_create(&th[i], NULL, worker, &wa[i]), 0);
+    }
     for (int i = 0; i < NTHREADS; i++) pthread_join(th[i], NULL);
     atomic_store(&c->running, 0);
     pthread_join(tk, NULL);
@@ -149,7 +185,9 @@ static void run(enum l1_policy pol) {
                   (unsigned long long)atomic_load(&c->reads),
                   (unsigned long long)atomic_load(&c->nomem), (unsigned long long)st.evicted_chunks,
                   st.usage_ratio);
+    assert_int_equal(atomic_load(&c->overruns), 0);
     assert_int_equal(atomic_load(&c->mismatches), 0);
+    assert_true(atomic_load(&c->ticks) > 0);
     assert_true(atomic_load(&c->stores) > 0);
     assert_true(atomic_load(&c->reads) > 0);
     assert_true(st.bytes_used <= st.bytes_total);

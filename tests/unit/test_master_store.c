@@ -231,6 +231,50 @@ static void test_reverse_index_consistency(void **st) {
     s->ops->destroy(s);
 }
 
+/* One shard's table grows from 16 buckets to hold 3000 entries: every one is still found by
+ * the batched match (which indexes the buckets itself) and by the hit counters, and the
+ * bucket array shows up in the byte count. */
+static void test_ext_table_grows_and_keeps_every_entry(void **st) {
+    (void)st;
+    struct mstore_mem_cfg c = {.shards = 1};
+    struct mstore *s = mstore_mem_create(&c);
+    assert_non_null(s);
+    size_t empty = mstore_mem_bytes(s);
+    reg(s, "a", 0);
+    enum { N = 3000 };
+    char **hs = calloc(N, sizeof(char *));
+    struct mstore_key *qk = calloc(N, sizeof(*qk));
+    assert_non_null(hs);
+    assert_non_null(qk);
+    for (int i = 0; i < N; i++) {
+        hs[i] = malloc(16);
+        snprintf(hs[i], 16, "g%d", i);
+        qk[i] = (struct mstore_key){hs[i], strlen(hs[i])};
+    }
+    assert_int_equal(s->ops->ext_report(s, "a", hs, N, 2), 1);
+    assert_int_equal(s->ops->ext_count(s), N);
+    assert_true(mstore_mem_bytes(s) >= empty + (N - 16) * sizeof(void *));
+    struct mstore_match mt;
+    assert_int_equal(s->ops->ext_match(s, qk, N, true, 5, &mt), 0);
+    assert_int_equal(mt.nnodes, 1);
+    assert_int_equal(mt.nodes[0].distinct, N);
+    mstore_match_free(&mt);
+    struct mstore_hit *h;
+    size_t nh;
+    assert_int_equal(s->ops->hit_counts(s, hs, N, &h, &nh), 0);
+    assert_int_equal(nh, N);
+    free(h);
+    s->ops->ext_revoke_node(s, "a");
+    assert_int_equal(s->ops->hit_gc(s, 6), N);
+    assert_int_equal(s->ops->hit_counts(s, hs, N, &h, &nh), 0);
+    assert_int_equal(nh, 0);
+    free(h);
+    for (int i = 0; i < N; i++) free(hs[i]);
+    free(hs);
+    free(qk);
+    s->ops->destroy(s);
+}
+
 static uint64_t zero_rand(void) { return 0; }
 
 static void test_route_policies(void **st) {
@@ -271,6 +315,7 @@ int main(void) {
         cmocka_unit_test(test_heartbeat_cas),
         cmocka_unit_test(test_ext_index_and_hits),
         cmocka_unit_test(test_reverse_index_consistency),
+        cmocka_unit_test(test_ext_table_grows_and_keeps_every_entry),
         cmocka_unit_test(test_route_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/htab.h"
 #include "base/log.h"
 #include "server/l1/arena.h"
 
@@ -70,9 +71,9 @@ struct l1_entry {
     uint8_t state;
     uint8_t flags;
     uint16_t readers;
-    struct l1_key key;      /* immutable while in the table */
-    struct l1_entry *hnext; /* bucket chain: stripe lock */
-    struct l1_entry *prev;  /* list links: LRU lock */
+    struct l1_key key;     /* immutable while in the table */
+    struct htab_node hn;   /* bucket chain: stripe lock */
+    struct l1_entry *prev; /* list links: LRU lock */
     struct l1_entry *next;
     uint64_t deadline;  /* write lease (STAGING) or read lease (RESIDENT, readers > 0) */
     uint32_t off_units; /* arena offset in units */
@@ -97,11 +98,10 @@ struct l1_salt {
     _Atomic uint64_t read_chunks, write_chunks, evicted_chunks;
 };
 
+/* The stripe's table is indexed by key_hash >> stripe_bits (the low bits chose the stripe). */
 struct stripe {
     pthread_mutex_t mu;
-    struct l1_entry **buckets;
-    uint32_t nbuckets; /* power of two */
-    uint32_t count;
+    struct htab t;
 } __attribute__((aligned(64)));
 
 struct l1 {
@@ -128,8 +128,6 @@ struct l1 {
     _Atomic uint64_t read_chunks, write_chunks, evicted_chunks, alloc_failures;
     _Atomic uint64_t reclaimed, ticks, triggered;
 };
-
-#define set_err errbuf_set
 
 static inline void cnt_add(_Atomic uint64_t *c, uint64_t v) {
     atomic_fetch_add_explicit(c, v, memory_order_relaxed);
@@ -166,56 +164,35 @@ static inline struct stripe *stripe_of(struct l1 *l1, uint64_t h) {
     return &l1->stripes[h & (l1->nstripes - 1)];
 }
 
-static inline uint32_t bucket_of(const struct l1 *l1, const struct stripe *s, uint64_t h) {
-    return (uint32_t)(h >> l1->stripe_bits) & (s->nbuckets - 1);
+#define ENTRY_OF(n) HTAB_ENTRY(n, struct l1_entry, hn)
+
+/* The stripe table's hash of an entry, recomputed from its key when the table grows, so entries
+ * do not carry it. */
+static uint64_t entry_rehash(const struct htab_node *n, void *arg) {
+    const struct l1 *l1 = arg;
+    return key_hash(&ENTRY_OF(n)->key) >> l1->stripe_bits;
 }
 
 /* Caller holds s->mu. */
 static struct l1_entry *do_find(struct l1 *l1, struct stripe *s, const struct l1_key *k,
                                 uint64_t h) {
-    for (struct l1_entry *e = s->buckets[bucket_of(l1, s, h)]; e; e = e->hnext) {
+    for (struct htab_node *n = *htab_bucket(&s->t, h >> l1->stripe_bits); n; n = n->next) {
+        struct l1_entry *e = ENTRY_OF(n);
         CHECK_ENTRY(e);
         if (key_eq(&e->key, k)) return e;
     }
     return NULL;
 }
 
-/* Caller holds s->mu. Doubles the buckets when the load factor passes 1; on allocation failure
- * the table keeps working with longer chains. */
-static void do_grow(struct l1 *l1, struct stripe *s) {
-    uint32_t nb = s->nbuckets * 2;
-    struct l1_entry **b = calloc(nb, sizeof(*b));
-    if (!b) return;
-    struct stripe tmp = {.nbuckets = nb};
-    for (uint32_t i = 0; i < s->nbuckets; i++) {
-        struct l1_entry *e = s->buckets[i], *n;
-        for (; e; e = n) {
-            n = e->hnext;
-            uint32_t j = bucket_of(l1, &tmp, key_hash(&e->key));
-            e->hnext = b[j];
-            b[j] = e;
-        }
-    }
-    free(s->buckets);
-    s->buckets = b;
-    s->nbuckets = nb;
-}
-
-/* Caller holds s->mu. */
+/* Caller holds s->mu. The table doubles when the load factor passes 1; on allocation failure it
+ * keeps working with longer chains. */
 static void do_insert(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h) {
-    if (s->count >= s->nbuckets) do_grow(l1, s);
-    uint32_t i = bucket_of(l1, s, h);
-    e->hnext = s->buckets[i];
-    s->buckets[i] = e;
-    s->count++;
+    htab_insert(&s->t, &e->hn, h >> l1->stripe_bits);
 }
 
 /* Caller holds s->mu. */
 static void do_unhash(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h) {
-    struct l1_entry **p = &s->buckets[bucket_of(l1, s, h)];
-    while (*p != e) p = &(*p)->hnext;
-    *p = e->hnext;
-    s->count--;
+    htab_remove(&s->t, &e->hn, h >> l1->stripe_bits);
 }
 
 /* ---- lists (caller holds the LRU lock) ----------------------------------------------------- */
@@ -489,7 +466,7 @@ static int alloc_evict(struct l1 *l1, uint64_t size, int salt, uint64_t now, uin
 int l1_create(const struct l1_config *cfg, struct l1 **out, char *err, size_t errlen) {
     struct l1 *l1 = calloc(1, sizeof(*l1));
     if (!l1) {
-        set_err(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     l1->cfg = *cfg;
@@ -507,7 +484,7 @@ int l1_create(const struct l1_config *cfg, struct l1 **out, char *err, size_t er
     if (c->max_models > UINT16_MAX) c->max_models = UINT16_MAX;
     if (c->policy != L1_POLICY_LRU && c->policy != L1_POLICY_ISOLATED_LRU &&
         c->policy != L1_POLICY_NOOP) {
-        set_err(err, errlen, "unknown eviction policy %d", (int)c->policy);
+        errbuf_set(err, errlen, "unknown eviction policy %d", (int)c->policy);
         free(l1);
         return -1;
     }
@@ -533,17 +510,15 @@ int l1_create(const struct l1_config *cfg, struct l1 **out, char *err, size_t er
     l1->model_objects = calloc(c->max_models, sizeof(*l1->model_objects));
     if (!l1->stripes || !l1->models || !l1->salts_names || !l1->salts || !l1->model_objects ||
         pthread_mutex_init(&l1->lru_mu, NULL) != 0) {
-        set_err(err, errlen, "out of memory for the L1 table");
+        errbuf_set(err, errlen, "out of memory for the L1 table");
         goto fail;
     }
     memset(l1->stripes, 0, l1->nstripes * sizeof(struct stripe));
     for (uint32_t i = 0; i < l1->nstripes; i++) {
         struct stripe *s = &l1->stripes[i];
-        s->nbuckets = 16;
-        s->buckets = calloc(s->nbuckets, sizeof(*s->buckets));
-        if (!s->buckets || pthread_mutex_init(&s->mu, NULL) != 0) {
-            set_err(err, errlen, "out of memory for the L1 table");
-            for (uint32_t j = 0; j <= i; j++) free(l1->stripes[j].buckets);
+        if (htab_init(&s->t, 16, entry_rehash, l1) != 0 || pthread_mutex_init(&s->mu, NULL) != 0) {
+            errbuf_set(err, errlen, "out of memory for the L1 table");
+            for (uint32_t j = 0; j <= i; j++) htab_fini(&l1->stripes[j].t);
             for (uint32_t j = 0; j < i; j++) pthread_mutex_destroy(&l1->stripes[j].mu);
             pthread_mutex_destroy(&l1->lru_mu);
             free(l1->stripes);
@@ -576,14 +551,13 @@ void l1_destroy(struct l1 *l1) {
     CHECK_L1(l1);
     for (uint32_t i = 0; i < l1->nstripes; i++) {
         struct stripe *s = &l1->stripes[i];
-        for (uint32_t b = 0; b < s->nbuckets; b++) {
-            struct l1_entry *e = s->buckets[b], *n;
-            for (; e; e = n) {
-                n = e->hnext;
-                free(e);
+        for (size_t b = 0; b < s->t.nb; b++) {
+            for (struct htab_node *n = s->t.b[b], *next; n; n = next) {
+                next = n->next;
+                free(ENTRY_OF(n));
             }
         }
-        free(s->buckets);
+        htab_fini(&s->t);
         pthread_mutex_destroy(&s->mu);
     }
     free(l1->stripes);
@@ -1002,10 +976,10 @@ size_t l1_clear(struct l1 *l1, bool force, uint64_t now) {
     for (uint32_t i = 0; i < l1->nstripes; i++) {
         struct stripe *s = &l1->stripes[i];
         pthread_mutex_lock(&s->mu);
-        for (uint32_t b = 0; b < s->nbuckets; b++) {
-            struct l1_entry *e = s->buckets[b], *n;
-            for (; e; e = n) {
-                n = e->hnext;
+        for (size_t b = 0; b < s->t.nb; b++) {
+            for (struct htab_node *n = s->t.b[b], *next; n; n = next) {
+                next = n->next;
+                struct l1_entry *e = ENTRY_OF(n);
                 if (e->state == ST_DOOMED) {
                     if (!is_locked(e, now)) do_remove(l1, s, e, key_hash(&e->key));
                 } else if (force || !is_locked(e, now)) {
@@ -1154,8 +1128,9 @@ void l1_get_stats(struct l1 *l1, uint64_t now, struct l1_stats *st) {
     for (uint32_t i = 0; i < l1->nstripes; i++) {
         struct stripe *s = &l1->stripes[i];
         pthread_mutex_lock(&s->mu);
-        for (uint32_t b = 0; b < s->nbuckets; b++)
-            for (struct l1_entry *e = s->buckets[b]; e; e = e->hnext) {
+        for (size_t b = 0; b < s->t.nb; b++)
+            for (struct htab_node *n = s->t.b[b]; n; n = n->next) {
+                const struct l1_entry *e = ENTRY_OF(n);
                 if (e->state == ST_DOOMED || !is_locked(e, now)) continue;
                 if (e->state == ST_STAGING)
                     st->write_locked_objects++;
@@ -1253,7 +1228,7 @@ size_t l1_entry_overhead_bytes(void) {
     /* The entry rounded to malloc's 16-byte chunks plus its 8-byte header, and one bucket
      * pointer (load factor <= 1). The arena's 12 bytes per unit are reported separately. */
     size_t e = (sizeof(struct l1_entry) + 8 + 15) / 16 * 16;
-    return e + sizeof(struct l1_entry *);
+    return e + sizeof(struct htab_node *);
 }
 
 void l1_arena_region(struct l1 *l1, void **base, uint64_t *len) {

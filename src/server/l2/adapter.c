@@ -12,11 +12,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "base/errbuf.h"
 #include "base/check.h"
 #include "server/l2/dax.h"
 #include "server/l2/fs.h"
 #include "server/config.h"
 #include "server/l2/s3.h"
+#include "base/hash.h"
 
 /* One row per adapter type. */
 static const struct {
@@ -82,11 +84,7 @@ struct l2_salt_usage {
     struct salt_node *b[SALT_BUCKETS];
 };
 
-static unsigned salt_hash(const char *s) {
-    unsigned h = 2166136261u;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
-    return h % SALT_BUCKETS;
-}
+static unsigned salt_hash(const char *s) { return fnv1a32_str(s) % SALT_BUCKETS; }
 
 /* Caller holds acct_mu. delta_bytes/delta_objects are signed; underflow clamps at 0. */
 static void do_salt_add(struct l2_adapter *a, const char *salt, int64_t dbytes, int64_t dobj) {
@@ -124,19 +122,19 @@ int l2_adapter_base_init(struct l2_adapter *a, const struct l2_adapter_ops *ops,
     a->notify_fd = -1;
     a->salts = calloc(1, sizeof(*a->salts));
     if (!a->salts) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return L2_ERR_NOMEM;
     }
     a->own_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->own_fd < 0) {
-        snprintf(err, errlen, "eventfd: %s", strerror(errno));
+        errbuf_set(err, errlen, "eventfd: %s", strerror(errno));
         free(a->salts);
         a->salts = NULL;
         return L2_ERR_IO;
     }
     a->notify_fd = a->own_fd;
     if (pthread_mutex_init(&a->cq_mu, NULL) != 0 || pthread_mutex_init(&a->acct_mu, NULL) != 0) {
-        snprintf(err, errlen, "pthread_mutex_init failed");
+        errbuf_set(err, errlen, "pthread_mutex_init failed");
         close(a->own_fd);
         free(a->salts);
         a->salts = NULL;
@@ -254,12 +252,12 @@ int l2_config_capacity(const json_t *config, const char *field, uint64_t *bytes,
     json_t *v = json_object_get(config, field);
     if (!v || json_is_null(v)) return L2_OK;
     if (!json_is_number(v)) {
-        snprintf(err, errlen, "\"%s\" must be a number", field);
+        errbuf_set(err, errlen, "\"%s\" must be a number", field);
         return L2_ERR_INVAL;
     }
     double gb = json_number_value(v);
     if (!isfinite(gb) || gb < 0 || gb > 1e9) {
-        snprintf(err, errlen, "\"%s\" must be a finite non-negative number", field);
+        errbuf_set(err, errlen, "\"%s\" must be a finite non-negative number", field);
         return L2_ERR_INVAL;
     }
     *bytes = (uint64_t)(gb * 1024.0 * 1024.0 * 1024.0);
@@ -272,12 +270,12 @@ int l2_config_capacity(const json_t *config, const char *field, uint64_t *bytes,
 int l2_adapter_create(const json_t *config, struct l2_adapter **out, char *err, size_t errlen) {
     *out = NULL;
     if (!json_is_object(config)) {
-        snprintf(err, errlen, "an L2 adapter config must be a JSON object");
+        errbuf_set(err, errlen, "an L2 adapter config must be a JSON object");
         return L2_ERR_INVAL;
     }
     const char *type = json_string_value(json_object_get(config, "type"));
     if (!type) {
-        snprintf(err, errlen, "an L2 adapter config needs a string \"type\"");
+        errbuf_set(err, errlen, "an L2 adapter config needs a string \"type\"");
         return L2_ERR_INVAL;
     }
     for (size_t i = 0; factories[i].type; i++) {
@@ -286,7 +284,7 @@ int l2_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
         if (rc == L2_OK) CHECK(*out && (*out)->magic == L2_ADAPTER_MAGIC);
         return rc;
     }
-    snprintf(err, errlen, "unknown L2 adapter type \"%s\"", type);
+    errbuf_set(err, errlen, "unknown L2 adapter type \"%s\"", type);
     return L2_ERR_UNKNOWN_TYPE;
 }
 
@@ -409,11 +407,11 @@ int l2_adapter_list(struct l2_adapter *a, const char *model_filter, size_t page_
                     const char *token, struct l2_list_page *out, char *err, size_t errlen) {
     memset(out, 0, sizeof(*out));
     if (!a->ops->list) {
-        snprintf(err, errlen, "adapter %s does not support listing", a->ops->type_name);
+        errbuf_set(err, errlen, "adapter %s does not support listing", a->ops->type_name);
         return L2_ERR_NOT_SUPPORTED;
     }
     if (page_size < 1 || page_size > L2_PAGE_SIZE_MAX) {
-        snprintf(err, errlen, "page_size must be in [1, %d]", L2_PAGE_SIZE_MAX);
+        errbuf_set(err, errlen, "page_size must be in [1, %d]", L2_PAGE_SIZE_MAX);
         return L2_ERR_INVAL;
     }
     return a->ops->list(a, model_filter, page_size, token, out, err, errlen);
