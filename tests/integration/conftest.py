@@ -49,15 +49,18 @@ class Server:
             try:
                 requests.get(self.url + "/", timeout=1)
                 return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # a loaded machine is slow
                 time.sleep(0.05)
         raise RuntimeError("server did not start listening: " + self.output())
 
     def wait_ready(self, timeout=30):
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if requests.get(self.url + "/healthcheck", timeout=5).status_code == 200:
-                return
+            try:
+                if requests.get(self.url + "/healthcheck", timeout=5).status_code == 200:
+                    return
+            except requests.Timeout:
+                pass
             time.sleep(0.05)
         raise RuntimeError("server did not become ready: " + self.output())
 
