@@ -450,7 +450,7 @@ class TlsServer(Server):
             try:
                 requests.get(self.url + "/", timeout=1, verify=self.cert)
                 return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
                 time.sleep(0.05)
         raise RuntimeError("server did not start listening: " + self.output())
 
