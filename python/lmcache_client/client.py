@@ -542,10 +542,11 @@ class Client:
     def lookup_wait(self, request_id, model_name, *, poll_interval=0.0001, **kw):
         """lookup, then query_prefetch_status until ready (both requests are pipelined, so a
         lookup served from L1 costs one round trip); returns the hit chunks."""
-        self.send_lookup(request_id, model_name, **kw)
+        lk = self.send_lookup(request_id, model_name, **kw)
         deadline = time.monotonic() + self.timeout
         while True:
             st = self._sync(self.send_query_prefetch_status(request_id))
+            self._sync(lk)  # a refused lookup raises its own error
             if st.ready:
                 return st.hit_chunks
             if time.monotonic() >= deadline:

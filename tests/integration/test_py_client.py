@@ -236,6 +236,8 @@ def test_error_codes(dp, tmp_path):
     e = code_of(c.store_bytes, "m", [b"x"], token_ids=toks, cache_salt="a@b")
     assert e.code == errors.BAD_REQUEST and e.op == "store_bytes" and e.reply["ok"] is False
     assert code_of(c.lookup, "r", "m", token_ids=toks, start=5).code == errors.BAD_REQUEST
+    e = code_of(c.lookup_wait, "r", "m", token_ids=toks, start=5)
+    assert e.code == errors.BAD_REQUEST and e.op == "lookup"
     assert code_of(c.call, "no_such_operation").code == errors.UNKNOWN_OPERATION
     assert code_of(c.lookup, "r", "m", token_ids=prompt(5, 1)).code == errors.TOO_LARGE
     assert code_of(c.store_bytes, "m", [b"x" * (2 << 20)], token_ids=toks).code == \
@@ -510,3 +512,36 @@ def test_engine_sim_reuses_verified_kv(make_server, order):
     assert wrong and int(wrong.group(1)) == 0, r.stdout
     assert hits and int(hits.group(1)) > 0, r.stdout
     assert re.search(r"^reused: [\d.]+ MB/s", r.stdout, re.M), r.stdout
+
+
+def sanitized_build():
+    try:
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            cache = f.read()
+    except FileNotFoundError:
+        return False
+    return bool(re.search(r"^LMCACHE_(SANITIZE|TSAN):BOOL=ON$", cache, re.M))
+
+
+def test_bench_py_client_small(make_server):
+    """The benchmark of scripts/bench-py-client.sh with a small layout: every phase reports, and
+    (outside sanitizer builds, whose library cannot be loaded into python3) the interleaved
+    comparison with liblmcache-client through ctypes."""
+    s = make_server(args=["--chunk-size", "32"])
+    argv = ["/usr/bin/python3", os.path.join(ROOT, "examples", "bench_py_client.py"),
+            "--endpoint", f"tcp://127.0.0.1:{s.zmq_port}", "--layers", "2", "--kv-heads", "2",
+            "--head-dim", "16", "--prompt-tokens", "96", "--prompts", "3", "--rounds", "2",
+            "--bytes", "--warmup", "--seed", "3"]
+    if not sanitized_build():
+        argv += ["--interleave-c", os.path.join(BUILD, "liblmcache-client.so")]
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "warm-up: stored and cleared 9 objects" in r.stdout, r.stdout
+    for phase in ("store (shm)", "retrieve (shm)", "store_bytes", "retrieve_bytes"):
+        assert re.search(r"^%s +[\d.]+ GB/s" % re.escape(phase), r.stdout, re.M), r.stdout
+    assert re.search(r"lookup latency .*?6 samples", r.stdout), r.stdout
+    if not sanitized_build():
+        for op in ("store", "retrieve"):
+            assert re.search(r"^interleaved %s .*\(per prompt, 6 each\).*Python/C \d+%%$" % op,
+                             r.stdout, re.M), r.stdout
