@@ -1,6 +1,7 @@
 """`Client`: every data-plane operation of docs/protocol.md over one ZMQ DEALER socket,
 synchronous (`client.store(...)`) or pipelined (`client.send_store(...)` returns a `Pending`
 that the client resolves as replies arrive; no thread of its own)."""
+import asyncio
 import os
 import time
 
@@ -172,6 +173,15 @@ class Pending:
             self._client._wait(self, timeout)
         return self._exc
 
+    def __await__(self):
+        """`await handle` (inside an asyncio event loop): the result, without blocking the loop;
+        replies are read when the client's socket becomes readable."""
+        return self._client._await(self, None).__await__()
+
+    async def wait_async(self, timeout=None):
+        """`await handle` with a timeout in seconds (None: the client's)."""
+        return await self._client._await(self, timeout)
+
     def add_done_callback(self, fn):
         if self._done:
             fn(self)
@@ -237,6 +247,8 @@ class Client:
         self._next = 0
         self._pending = {}
         self._chunk_size = None
+        self._aio_waiters = set()  # asyncio.Events of the tasks awaiting a handle
+        self._aio_loop = None      # the event loop watching the socket's fd, while any wait
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -244,6 +256,9 @@ class Client:
         """Closes the socket; requests still in flight fail with code 'transport'."""
         if self._sock is None:
             return
+        if self._aio_loop is not None:
+            self._aio_loop.remove_reader(self._sock.getsockopt(zmq.FD))
+            self._aio_loop = None
         self._sock.close(0)
         self._sock = None
         if self._own_ctx:
@@ -251,6 +266,8 @@ class Client:
         pending, self._pending = self._pending, {}
         for p in pending.values():
             p._finish(exc=LmcacheError(errors.TRANSPORT, "client closed", p.op))
+        for ev in list(self._aio_waiters):
+            ev.set()
 
     @property
     def closed(self):
@@ -366,6 +383,49 @@ class Client:
             if left <= 0:
                 raise LmcacheError(errors.TIMEOUT, f"no reply within {timeout:g} s", p.op)
             self._receive(max(1, int(left * 1000 + 0.999)))
+
+    def _on_readable(self):
+        # ZMQ's fd is edge-triggered: read every reply that is there, then wake the waiters.
+        try:
+            self.poll(0)
+        except LmcacheError:
+            pass  # closed: the waiters see their handles failed
+        for ev in list(self._aio_waiters):
+            ev.set()
+
+    async def _await(self, p, timeout):
+        timeout = self.timeout if timeout is None else timeout
+        if p._done or self._sock is None:
+            return p.result(0)
+        loop = asyncio.get_running_loop()
+        if self._aio_loop is None:
+            loop.add_reader(self._sock.getsockopt(zmq.FD), self._on_readable)
+            self._aio_loop = loop
+        elif self._aio_loop is not loop:
+            raise RuntimeError("a Client's handles are awaited from one event loop at a time")
+        ev = asyncio.Event()
+        self._aio_waiters.add(ev)
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                self.poll(0)  # drain what is there (also re-arms the edge-triggered fd)
+                if p._done:
+                    break
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise LmcacheError(errors.TIMEOUT, f"no reply within {timeout:g} s", p.op)
+                ev.clear()
+                try:
+                    await asyncio.wait_for(ev.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self._aio_waiters.discard(ev)
+            if not self._aio_waiters and self._aio_loop is not None:
+                if self._sock is not None:
+                    self._aio_loop.remove_reader(self._sock.getsockopt(zmq.FD))
+                self._aio_loop = None
+        return p.result(0)
 
     def wait_all(self, timeout=None):
         """Waits until no request is in flight (`timeout` seconds in all; None: the client's)."""

@@ -353,6 +353,52 @@ def test_pipelined_requests_resolve_by_id(dp):
         c.submit("no_such_op")
 
 
+def test_handles_are_awaitable_in_asyncio(dp):
+    """`await handle` inside an event loop: many requests in flight from several tasks, replies
+    read when the socket becomes readable, the loop never blocked; a timeout leaves the request
+    in flight."""
+    import asyncio
+    s, c = dp()
+    ticks = []
+
+    async def ticker():
+        while True:
+            ticks.append(1)
+            await asyncio.sleep(0.001)
+
+    async def task(i):
+        toks = prompt(2, 500 + i)
+        st = await c.send_store_bytes("m", [b"%d" % i, b"x"], token_ids=toks)
+        assert st == lc.StoreResult(2, 0)
+        hits = await c.send_lookup("a%d" % i, "m", token_ids=toks)
+        assert hits is None
+        got = await c.send_retrieve_bytes("m", token_ids=toks, request_id="a%d" % i)
+        await c.send_end_session("a%d" % i)
+        return got.chunks[0]
+
+    async def main():
+        t = asyncio.ensure_future(ticker())
+        out = await asyncio.gather(*(task(i) for i in range(20)))
+        with pytest.raises(LmcacheError) as e:
+            await c.send_store(99, [0], token_ids=prompt(1, 1))
+        assert e.value.code == errors.NOT_REGISTERED
+        t.cancel()
+        return out
+
+    assert asyncio.run(main()) == [b"%d" % i for i in range(20)]
+    assert c.in_flight == 0 and c._aio_loop is None
+    assert len(ticks) > 0
+
+    async def late():
+        with Client(free_port(), timeout=5) as dead:
+            h = dead.send_noop()
+            with pytest.raises(LmcacheError) as e:
+                await h.wait_async(timeout=0.05)
+            assert e.value.code == errors.TIMEOUT and dead.in_flight == 1
+
+    asyncio.run(late())
+
+
 def test_timeouts_and_a_server_that_is_not_there():
     c = Client(free_port(), timeout=0.3)
     try:
