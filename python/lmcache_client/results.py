@@ -1,5 +1,5 @@
 """Typed results of the data-plane operations and the KV layout of docs/protocol.md."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional
 
 LAYER_MAJOR = "layer_major"

@@ -4,7 +4,6 @@ the chunk-hash recipe (the C test vectors), the install step and the engine simu
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 
@@ -12,9 +11,8 @@ import numpy as np
 import pytest
 import zmq
 
-import py_client_util  # noqa: F401  (puts <build>/python on sys.path)
 from conftest import free_port
-from py_client_util import BUILD, ROOT
+from py_client_util import BUILD, ROOT  # (puts <build>/python on sys.path)
 import lmcache_client as lc
 from lmcache_client import Client, KVCache, KVLayout, LmcacheError, errors
 
@@ -492,7 +490,7 @@ def test_curve(make_server, tmp_path):
 
 def test_ipc_endpoint(make_server, tmp_path):
     sock = str(tmp_path / "dp.sock")
-    s = make_server(args=["--chunk-size", str(CHUNK), "--ipc-path", sock])
+    make_server(args=["--chunk-size", str(CHUNK), "--ipc-path", sock])
     with Client("ipc://" + sock, timeout=20) as c:
         assert c.chunk_size == CHUNK
         with KVCache(c, 1, "m", KVLayout(**LAYOUT)) as kv:
