@@ -4,6 +4,7 @@ import mmap
 import os
 import re
 import stat
+import weakref
 
 import numpy as np
 
@@ -15,6 +16,13 @@ _SHM_NAME = re.compile(r"/[A-Za-z0-9._-]{1,200}")
 # numpy has no bfloat16: its elements are viewed as uint16 (the bits).
 _DTYPE_NAMES = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32,
                 "float8": np.uint8, "fp8": np.uint8, "uint8": np.uint8, "int8": np.int8}
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _element_dtype(layout, dtype):
@@ -44,7 +52,8 @@ class KVCache:
     viewed as uint16, unknown names as uint8 bytes).
 
     Do not write blocks that a store in flight reads, nor read blocks that a retrieve in flight
-    writes. `close()` unregisters, unmaps and unlinks (an object this cache created)."""
+    writes. `close()` unregisters, unmaps and unlinks (an object this cache created; one left
+    unclosed is unlinked when the cache is garbage-collected or the interpreter exits)."""
 
     def __init__(self, client, instance_id, model_name, layout, *, shm_name=None, world_size=1,
                  worker_id=0, dtype=None):
@@ -79,7 +88,8 @@ class KVCache:
         flags = os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         try:
             self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-            self._created = True
+            # unlinked by close(), or when the cache is collected or the interpreter exits
+            self._created = weakref.finalize(self, _unlink, self.path)
         except FileExistsError:
             self._fd = os.open(self.path, flags)
             st = os.fstat(self._fd)
@@ -175,10 +185,7 @@ class KVCache:
             os.close(self._fd)
             self._fd = None
         if self._created:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            self._created()  # the finalizer: unlinks once
             self._created = False
 
     def close(self, unregister=True):

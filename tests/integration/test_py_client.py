@@ -306,6 +306,19 @@ def test_failed_registration_leaves_no_object(dp):
         KVCache(c, 1, "m", KVLayout(**LAYOUT), shm_name="/bad/name")
 
 
+def test_unclosed_cache_is_unlinked_at_exit(make_server):
+    s = make_server(args=["--chunk-size", str(CHUNK)])
+    name = "lmc-py-exit-" + uuid.uuid4().hex[:8]
+    src = ("import lmcache_client as l; c = l.Client(%d); "
+           "kv = l.KVCache(c, 1, 'm', l.KVLayout(2, 64, 16, 64), shm_name='/%s'); "
+           "import os; print(os.path.exists(kv.path))" % (s.zmq_port, name))
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+    r = subprocess.run(["/usr/bin/python3", "-c", src], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stdout + r.stderr
+    assert shm_leftovers(name) == []
+
+
 def test_register_an_object_created_elsewhere(dp):
     """Client.register_kv_cache answers the proof by opening the object itself."""
     s, c = dp()
