@@ -13,7 +13,7 @@ PKGS=(
   # master
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
   # tests
-  libcmocka-dev python3-pytest python3-requests python3-zmq python3-msgpack
+  libcmocka-dev python3-pytest python3-requests python3-zmq python3-msgpack python3-numpy
   python3-grpcio python3-protobuf python3-yaml prometheus curl procps systemd
   # admin API HTTPS tests (test certificate)
   openssl
