@@ -559,6 +559,7 @@ static int op_store_bytes(struct op_ctx *o) {
     int rc = -1;
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
     memset(&cr, 0, sizeof(cr));
+    metric_inc(o->e->dpm.stores_submitted, 1);
     if (dp_array(o->m, "chunks", 1, &chunks, &n, o->err) < 0) goto out;
     if (parse_range(o, &cr, 1) < 0) goto out;
     if (n != cr.end_chunk - cr.start_chunk) {
@@ -583,6 +584,7 @@ static int op_store_bytes(struct op_ctx *o) {
         engine_fail(o, erc);
         goto out;
     }
+    metric_inc(o->e->dpm.stores_finished, 1);
     rc = 0;
 out:
     range_free(&cr);
@@ -603,6 +605,7 @@ static int op_retrieve_bytes(struct op_ctx *o) {
     int rc = -1;
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
     memset(&cr, 0, sizeof(cr));
+    metric_inc(o->e->dpm.retrieves_submitted, 1);
     if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) goto out;
     if (parse_range(o, &cr, 1) < 0) goto out;
     /* Lock the leading present chunks first, so the reply can be sized exactly (and held to
@@ -647,6 +650,7 @@ static int op_retrieve_bytes(struct op_ctx *o) {
         msgpack_pack_bin_body(&o->r->pk, refs[i].data, refs[i].size);
     }
     observe_throughput(o->e, 0, model, bytes, t0);
+    metric_inc(o->e->dpm.retrieves_finished, 1);
     rc = 0;
 out:
     if (got) {
