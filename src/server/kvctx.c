@@ -228,6 +228,8 @@ static void add_owner(struct kv_context *c, const unsigned char *peer) {
 int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const struct kv_auth *auth,
                    uint64_t now_ns, unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset,
                    char *err, size_t errlen) {
+    struct kv_context *c = NULL;
+    int rc = -1;
     if (kv_shm_name_check(tmpl->shm_name, err, errlen) < 0) return KV_REG_BAD_NAME;
     if (auth->n_prefixes) {
         size_t i = 0;
@@ -249,22 +251,21 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
         errbuf_set(err, errlen, "shared memory '%s' holds %lld bytes, the layout needs %llu%s",
                    tmpl->shm_name, (long long)st.st_size, (unsigned long long)want,
                    auth->need_proof ? " (with the 4096-byte proof page)" : "");
-        close(fd);
-        return -1;
+        goto out;
     }
     if (auth->need_proof) {
         int ok = proof_ok(fd, auth, &st, need, now_ns, nonce);
-        if (ok <= 0) {
-            close(fd);
-            if (ok < 0) {
-                errbuf_set(err, errlen, "cannot compute the proof nonce");
-                return -1;
-            }
+        if (ok < 0) {
+            errbuf_set(err, errlen, "cannot compute the proof nonce");
+            goto out;
+        }
+        if (ok == 0) {
             *proof_offset = need;
             errbuf_set(err, errlen,
                        "write the nonce at byte %llu of '%s' and register again to prove access",
                        (unsigned long long)need, tmpl->shm_name);
-            return KV_REG_NEED_PROOF;
+            rc = KV_REG_NEED_PROOF;
+            goto out;
         }
     }
 
@@ -272,25 +273,24 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
      * engine that restarted may have recreated it) and layout only refreshes liveness. */
     uint64_t dev = (uint64_t)st.st_dev, ino = (uint64_t)st.st_ino;
     pthread_mutex_lock(&r->lock);
-    for (struct kv_context *c = r->head; c; c = c->next) {
-        if (c->instance_id == tmpl->instance_id && !strcmp(c->shm_name, tmpl->shm_name) &&
-            c->shm_dev == dev && c->shm_ino == ino && ino != 0 &&
-            !strcmp(c->model_name, tmpl->model_name) && c->worker_id == tmpl->worker_id &&
-            c->world_size == tmpl->world_size && same_layout(&c->layout, &tmpl->layout)) {
-            atomic_store(&c->last_seen_ns, now_ns);
-            add_owner(c, auth->peer);
-            pthread_mutex_unlock(&r->lock);
-            close(fd);
-            return 0;
+    for (struct kv_context *o = r->head; o; o = o->next) {
+        if (o->instance_id == tmpl->instance_id && !strcmp(o->shm_name, tmpl->shm_name) &&
+            o->shm_dev == dev && o->shm_ino == ino && ino != 0 &&
+            !strcmp(o->model_name, tmpl->model_name) && o->worker_id == tmpl->worker_id &&
+            o->world_size == tmpl->world_size && same_layout(&o->layout, &tmpl->layout)) {
+            atomic_store(&o->last_seen_ns, now_ns);
+            add_owner(o, auth->peer);
+            rc = 0;
+            break;
         }
     }
     pthread_mutex_unlock(&r->lock);
+    if (rc == 0) goto out;
 
-    struct kv_context *c = calloc(1, sizeof(*c));
+    c = calloc(1, sizeof(*c));
     if (!c) {
         errbuf_set(err, errlen, "out of memory");
-        close(fd);
-        return -1;
+        goto out;
     }
     *c = *tmpl;
     c->base = NULL;
@@ -302,11 +302,10 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     c->shm_dev = (uint64_t)st.st_dev;
     c->shm_ino = (uint64_t)st.st_ino;
     void *p = mmap(NULL, c->map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    close(fd);
     if (p == MAP_FAILED) {
         errbuf_set(err, errlen, "cannot map shared memory '%s': %s", c->shm_name, strerror(errno));
         free(c);
-        return -1;
+        goto out;
     }
     c->base = p;
     atomic_store(&c->refs, 1);
@@ -327,7 +326,10 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     r->count++;
     pthread_mutex_unlock(&r->lock);
     kvreg_put(old);
-    return 0;
+    rc = 0;
+out:
+    close(fd);
+    return rc;
 }
 
 int kvreg_unregister(struct kv_registry *r, int64_t instance_id, const unsigned char *peer) {

@@ -25,27 +25,25 @@ static void h_clear(struct http_req *req, struct http_resp *resp) {
     const char *t = "l1";
     if (tier && !json_is_null(tier)) {
         if (!json_is_string(tier)) {
-            json_decref(body);
             clear_error(resp, "tier must be a string");
-            return;
+            goto out;
         }
         t = json_string_value(tier);
     }
     if (force && !json_is_boolean(force) && !json_is_null(force)) {
-        json_decref(body);
         clear_error(resp, "force must be a boolean");
-        return;
+        goto out;
     }
     if (strcmp(t, "l1") != 0) {
         char msg[200];
         snprintf(msg, sizeof(msg), "Unsupported tier: '%.64s'. Only 'l1' can be cleared.", t);
-        json_decref(body);
         clear_error(resp, msg);
-        return;
+        goto out;
     }
-    json_decref(body);
     engine_clear_l1(req->engine);
     http_json(resp, 200, json_pack("{s:s, s:{s:s}}", "status", "ok", "cleared", "tier", "l1"));
+out:
+    json_decref(body);
 }
 
 /* "0,[2,5],8": runs of consecutive ids as inclusive ranges, in request order. */

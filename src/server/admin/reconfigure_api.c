@@ -58,33 +58,32 @@ static void h_operation(struct http_req *req, struct http_resp *resp) {
     if (!body) return;
     json_t *ai = json_object_get(body, "adapter_index");
     if (ai && !json_is_integer(ai)) {
-        json_decref(body);
         http_error(resp, 422, "detail", "adapter_index must be an integer");
-        return;
+        goto out;
     }
     json_int_t idx = ai ? json_integer_value(ai) : 0;
     size_t n = engine_reconfigurable_count(req->engine, backend);
     if (n > MAX_BACKEND_ADAPTERS) n = MAX_BACKEND_ADAPTERS;
     if (idx < 0 || (size_t)idx >= n) {
-        json_decref(body);
         char msg[SEG_MAX + 128];
         snprintf(msg, sizeof(msg),
                  "adapter_index %lld is out of range: backend '%s' has %zu reconfigurable "
                  "adapter(s)",
                  (long long)idx, backend, n);
         http_error(resp, 404, "detail", msg);
-        return;
+        goto out;
     }
     int status = 500;
     json_t *res = engine_reconfigure(req->engine, backend, (size_t)idx, op, body, &status);
-    json_decref(body);
     if (!res) {
         http_error(resp, 500, "detail", "the adapter returned no result");
-        return;
+        goto out;
     }
     if (status == 200 && json_is_object(res))
         json_object_set_new(res, "adapter_index", json_integer(idx));
     http_json(resp, status, res);
+out:
+    json_decref(body);
 }
 
 #define UNREADY "{\"error\":\"engine not initialized\"}"

@@ -71,6 +71,7 @@ static int hash_ref_cmp(const void *a, const void *b) {
  * size a request causes must follow from distinct objects. */
 static int check_distinct(struct op_ctx *o, const struct engine_prompt *cr) {
     uint32_t n = cr->end_chunk - cr->start_chunk;
+    int rc = -1;
     if (n < 2) return 0;
     struct hash_ref *v = malloc((size_t)n * sizeof(*v));
     if (!v) {
@@ -83,13 +84,14 @@ static int check_distinct(struct op_ctx *o, const struct engine_prompt *cr) {
         v[i].idx = cr->start_chunk + i;
     }
     qsort(v, n, sizeof(*v), hash_ref_cmp);
-    int rc = 0;
-    for (uint32_t i = 1; i < n && rc == 0; i++)
+    for (uint32_t i = 1; i < n; i++)
         if (v[i].len == v[i - 1].len && !memcmp(v[i].h, v[i - 1].h, v[i].len)) {
             dp_fail(o->err, DP_BAD_REQUEST, "chunk_hashes[%u] repeats chunk_hashes[%u]", v[i].idx,
                     v[i - 1].idx);
-            rc = -1;
+            goto out;
         }
+    rc = 0;
+out:
     free(v);
     return rc;
 }
