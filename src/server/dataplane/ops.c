@@ -776,17 +776,15 @@ void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const c
     uint64_t t0 = clock_mono_ns();
     int ok = 0;
     if (!d) {
-        {
-            /* Echo the name printable-ASCII only: the reply's strings must stay valid UTF-8. */
-            char shown[4 * 64 + 1];
-            size_t k = 0;
-            for (size_t i = 0; i < oplen && i < 64; i++) {
-                unsigned char ch = (unsigned char)op[i];
-                k += (size_t)snprintf(shown + k, sizeof(shown) - k,
-                                      ch >= 0x20 && ch < 0x7f && ch != '\\' ? "%c" : "\\x%02x", ch);
-            }
-            dp_fail(&err, DP_UNKNOWN_OPERATION, "unknown operation '%s'", shown);
+        /* Echo the name printable-ASCII only: the reply's strings must stay valid UTF-8. */
+        char shown[4 * 64 + 1];
+        size_t k = 0;
+        for (size_t i = 0; i < oplen && i < 64; i++) {
+            unsigned char ch = (unsigned char)op[i];
+            k += (size_t)snprintf(shown + k, sizeof(shown) - k,
+                                  ch >= 0x20 && ch < 0x7f && ch != '\\' ? "%c" : "\\x%02x", ch);
         }
+        dp_fail(&err, DP_UNKNOWN_OPERATION, "unknown operation '%s'", shown);
     } else {
         msgpack_unpacked up;
         msgpack_unpacked_init(&up);
