@@ -77,3 +77,14 @@ def test_error_buffers_are_filled_with_errbuf_set():
             if re.search(r"\bv?snprintf\(err(buf)?, errlen", line) or "char *errbuf" in line:
                 bad.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
     assert bad == []
+
+
+def test_prompt_keys_are_made_in_one_place():
+    """A prompt's chunks become object keys (per rank, interned or not) only in the engine's
+    prompt_key: lookups, stores, retrieves and warm prefetches share it."""
+    calls = []
+    for p in list(SERVER.glob("*.c")) + list(sources(*FRONT_ENDS)):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"\bl1_key_(make|lookup)\(|\bmake_key2?\(", line):
+                calls.append(f"{p.relative_to(ROOT)}:{n}")
+    assert len(calls) == 2 and all(c.startswith("src/server/engine.c:") for c in calls), calls
