@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
 #include "server/admin/http.h"
 #include "server/engine.h"
 #include "server/keys.h"
@@ -85,8 +86,8 @@ static void h_list(struct http_req *req, struct http_resp *resp) {
 }
 
 /* One EncodedObjectKey: 422 for a wrong shape, 400 for a broken ObjectKey invariant. */
-static int parse_key(const json_t *j, size_t i, struct keys_object_key *k, int *status, char *msg,
-                     size_t len) {
+static int parse_key(const json_t *j, size_t i, struct keys_object_key *k, int *status, char *err,
+                     size_t errlen) {
     json_t *h = json_object_get(j, "chunk_hash_hex"), *m = json_object_get(j, "model_name");
     json_t *r = json_object_get(j, "kv_rank"), *g = json_object_get(j, "object_group_id");
     json_t *s = json_object_get(j, "cache_salt");
@@ -94,26 +95,26 @@ static int parse_key(const json_t *j, size_t i, struct keys_object_key *k, int *
         (g && !json_is_null(g) && !json_is_integer(g)) ||
         (s && !json_is_null(s) && !json_is_string(s))) {
         *status = 422;
-        snprintf(msg, len,
-                 "keys[%zu]: expected {chunk_hash_hex: str, model_name: str, kv_rank: int, "
-                 "object_group_id: int, cache_salt: str}",
-                 i);
+        errbuf_set(err, errlen,
+                   "keys[%zu]: expected {chunk_hash_hex: str, model_name: str, kv_rank: int, "
+                   "object_group_id: int, cache_salt: str}",
+                   i);
         return -1;
     }
     json_int_t rank = json_integer_value(r);
     if (rank < 0 || rank > UINT32_MAX) {
         *status = 400;
-        snprintf(msg, len, "keys[%zu]: kv_rank out of range", i);
+        errbuf_set(err, errlen, "keys[%zu]: kv_rank out of range", i);
         return -1;
     }
-    char err[KEYS_ERR_MAX];
+    char why[KEYS_ERR_MAX];
     const char *salt = json_is_string(s) ? json_string_value(s) : "";
     if (keys_object_key_init(k, json_string_value(h), json_string_length(h), json_string_value(m),
                              json_string_length(m), (uint32_t)rank,
                              json_is_integer(g) ? json_integer_value(g) : 0, salt,
-                             json_is_string(s) ? json_string_length(s) : 0, err, sizeof(err)) < 0) {
+                             json_is_string(s) ? json_string_length(s) : 0, why, sizeof(why)) < 0) {
         *status = 400;
-        snprintf(msg, len, "keys[%zu]: %s", i, err);
+        errbuf_set(err, errlen, "keys[%zu]: %s", i, why);
         return -1;
     }
     return 0;
