@@ -1,24 +1,28 @@
-/* The engine: owns configuration, metrics, background jobs and (as they land)
- * the caches; answers the admin API's questions about them. */
+/* The engine: owns configuration, metrics, background jobs, the caches (L1, the L2 controller),
+ * the lookup sessions and the KV-context registry, and carries out every operation the front
+ * ends ask for (engine.h). It calls only downward: L1, L2, sessions, kvctx, keys, base. */
 #include "server/engine.h"
 
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/periodic.h"
 #include "base/version.h"
-#include "server/dataplane/dataplane.h"
 #include "server/keys.h"
 #include "server/l1/l1.h"
+#include "server/l2/adapter.h"
 #include "server/l2/controller.h"
 
 static void random_uuid(char *out, size_t len) {
@@ -36,12 +40,30 @@ static void random_uuid(char *out, size_t len) {
              b[14], b[15]);
 }
 
+/* Releases what a lookup session still holds and frees it. touch: end_session marks its
+ * objects as recently used. */
+static void session_release(struct engine *e, struct session *s, int touch) {
+    uint64_t now = clock_mono_ns();
+    size_t n = (size_t)s->locked_chunks * s->world_size;
+    for (size_t i = 0; i < n; i++) {
+        if (touch) l1_touch(e->l1, &s->objs[i].key, now);
+        if (s->objs[i].locks) l1_finish_read(e->l1, &s->objs[i].key, s->objs[i].locks, now);
+    }
+    session_free(s);
+}
+
+/* The session table hands locks back through this (after dropping its lock). */
+static void release_locks(const struct l1_key *key, uint32_t locks, void *arg) {
+    struct engine *e = arg;
+    l1_finish_read(e->l1, key, locks, clock_mono_ns());
+}
+
 static double uptime(void *arg) {
     const struct engine *e = arg;
     return clock_wall() - e->start_time;
 }
 
-int engine_create(struct engine *e, const struct server_config *cfg, char *errbuf, size_t errlen) {
+int engine_create(struct engine *e, const struct server_config *cfg, char *err, size_t errlen) {
     memset(e, 0, sizeof(*e));
     e->magic = ENGINE_MAGIC;
     e->cfg = cfg;
@@ -53,7 +75,7 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *errbu
     e->metrics = metrics_new();
     e->periodic = periodic_registry_new();
     if (!e->metrics || !e->periodic) {
-        snprintf(errbuf, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     metrics_register_process(e->metrics);
@@ -231,7 +253,7 @@ static int session_cleanup_tick(void *arg, json_t **summary) {
     size_t n = 0;
     while (s) {
         struct session *next = s->next;
-        dataplane_session_release(e, s, 0);
+        session_release(e, s, 0);
         n++;
         s = next;
     }
@@ -330,11 +352,11 @@ static void do_refresh_l2_metrics(struct engine *e) {
     add_delta(m->store_submitted, NULL, st.store_submitted_objects, &m->last_submitted);
 }
 
-int engine_start_caches(struct engine *e, char *errbuf, size_t errlen) {
+int engine_start_caches(struct engine *e, char *err, size_t errlen) {
     const struct server_config *c = e->cfg;
     e->quota = quota_create();
     if (!e->quota) {
-        snprintf(errbuf, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     struct l1_config lc = {0};
@@ -347,9 +369,9 @@ int engine_start_caches(struct engine *e, char *errbuf, size_t errlen) {
     lc.write_ttl_ns = (uint64_t)(c->l1_write_ttl_seconds * 1e9);
     lc.touch_interval_ns = 100 * 1000 * 1000ULL; /* lazy LRU: 100 ms */
     lc.quota = e->quota;
-    char err[256];
-    if (l1_create(&lc, &e->l1, err, sizeof(err)) < 0) {
-        snprintf(errbuf, errlen, "L1: %s", err);
+    char msg[256];
+    if (l1_create(&lc, &e->l1, msg, sizeof(msg)) < 0) {
+        errbuf_set(err, errlen, "L1: %s", msg);
         return -1;
     }
     register_l1_metrics(e);
@@ -361,20 +383,20 @@ int engine_start_caches(struct engine *e, char *errbuf, size_t errlen) {
         l2c.prefetch_max_in_flight = (uint32_t)c->l2_prefetch_max_in_flight;
         l2c.store_policy =
             strcmp(c->l2_store_policy, "skip_l1") == 0 ? L2CTL_STORE_SKIP_L1 : L2CTL_STORE_DEFAULT;
-        int rc = l2ctl_create(&l2c, c->l2_adapter, &e->l2ctl, err, sizeof(err));
+        int rc = l2ctl_create(&l2c, c->l2_adapter, &e->l2ctl, msg, sizeof(msg));
         if (rc != L2_OK) {
-            snprintf(errbuf, errlen, "argument --l2-adapter: %s", err);
+            errbuf_set(err, errlen, "argument --l2-adapter: %s", msg);
             /* A configuration the adapter rejects is a bad option value. */
             return rc == L2_ERR_INVAL || rc == L2_ERR_UNKNOWN_TYPE ? ENGINE_ERR_CONFIG : -1;
         }
-        if (l2ctl_start(e->l2ctl, err, sizeof(err)) != L2_OK) {
-            snprintf(errbuf, errlen, "L2: %s", err);
+        if (l2ctl_start(e->l2ctl, msg, sizeof(msg)) != L2_OK) {
+            errbuf_set(err, errlen, "L2: %s", msg);
             return -1;
         }
         e->nl2 = l2ctl_adapter_count(e->l2ctl);
         e->l2 = calloc(e->nl2, sizeof(*e->l2));
         if (!e->l2) {
-            snprintf(errbuf, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             return -1;
         }
         for (size_t i = 0; i < e->nl2; i++) e->l2[i] = l2ctl_adapter(e->l2ctl, i);
@@ -411,39 +433,34 @@ static void *prefault_main(void *arg) {
     return NULL;
 }
 
-int engine_start(struct engine *e, char *errbuf, size_t errlen) {
+int engine_start(struct engine *e, char *err, size_t errlen) {
     const struct server_config *c = e->cfg;
-    char err[256];
+    char msg[256];
     if (c->l1_prefault && pthread_create(&e->prefault_tid, NULL, prefault_main, e) == 0)
         e->prefault_started = 1;
     if (periodic_start(e->periodic, "l1-evictor", PERIODIC_HIGH, 0.1, l1_evictor_tick, e, err,
                        sizeof(err)) < 0) {
-        snprintf(errbuf, errlen, "l1-evictor: %s", err);
+        errbuf_set(err, errlen, "l1-evictor: %s", msg);
         return -1;
     }
     if (e->l2ctl && periodic_start(e->periodic, "l2-evictor", PERIODIC_MEDIUM, 1.0, l2_evictor_tick,
-                                   e, err, sizeof(err)) < 0) {
-        snprintf(errbuf, errlen, "l2-evictor: %s", err);
+                                   e, msg, sizeof(msg)) < 0) {
+        errbuf_set(err, errlen, "l2-evictor: %s", msg);
         return -1;
     }
     double reap_every =
         c->worker_reap_timeout_seconds > 0 ? c->worker_reap_timeout_seconds / 4 : 30;
     if (periodic_start(e->periodic, "worker-reaper", PERIODIC_MEDIUM, reap_every, reaper_tick, e,
-                       err, sizeof(err)) < 0 ||
+                       msg, sizeof(msg)) < 0 ||
         periodic_start(e->periodic, "session-cleanup", PERIODIC_MEDIUM, 10, session_cleanup_tick, e,
-                       err, sizeof(err)) < 0) {
-        snprintf(errbuf, errlen, "periodic thread: %s", err);
+                       msg, sizeof(msg)) < 0) {
+        errbuf_set(err, errlen, "periodic thread: %s", msg);
         return -1;
     }
-    e->dp = dataplane_start(e, c->host, (int)c->port, (int)c->max_workers,
-                            (size_t)c->max_message_mb << 20, err, sizeof(err));
-    if (!e->dp) {
-        snprintf(errbuf, errlen, "data socket: %s", err);
-        return -1;
-    }
-    atomic_store(&e->ready, 1);
     return 0;
 }
+
+void engine_set_ready(struct engine *e, int ready) { atomic_store(&e->ready, ready ? 1 : 0); }
 
 size_t engine_clear_l1(struct engine *e) { return l1_clear(e->l1, true, clock_mono_ns()); }
 
@@ -458,14 +475,12 @@ int engine_is_ready(const struct engine *e) { return e && atomic_load(&e->ready)
 
 void engine_destroy(struct engine *e) {
     atomic_store(&e->ready, 0);
-    /* Front end first, then background jobs, then what they use. */
+    /* Background jobs first, then what they use (the front ends are stopped already). */
     if (e->prefault_started) {
         atomic_store(&e->prefault_stop, 1);
         pthread_join(e->prefault_tid, NULL);
         e->prefault_started = 0;
     }
-    dataplane_stop(e->dp);
-    e->dp = NULL;
     periodic_registry_free(e->periodic);
     /* Pending L2 requests finish (their callbacks release locks through the session table). */
     if (e->l2ctl) l2ctl_destroy(e->l2ctl);
@@ -478,7 +493,7 @@ void engine_destroy(struct engine *e) {
         struct session *s = session_table_drain(&e->sessions);
         while (s) {
             struct session *n = s->next;
-            dataplane_session_release(e, s, 0);
+            session_release(e, s, 0);
             s = n;
         }
     }
@@ -564,11 +579,530 @@ json_t *engine_status(struct engine *e) {
                      (json_int_t)jobs, "storage_manager", sm);
 }
 
-struct l2_adapter **engine_l2_adapters(struct engine *e, size_t *n) {
-    *n = e->nl2;
-    return e->l2;
-}
-
 json_t *engine_adapters(struct engine *e) {
     return e->l2ctl ? l2ctl_adapters_json(e->l2ctl) : json_array();
+}
+
+json_t *engine_config_json(struct engine *e) { return e->cfg ? config_to_json(e->cfg) : NULL; }
+
+/* ---- prompts: the one place that turns chunks into object keys ---- */
+
+/* The key of chunk c of p for one rank. intern: a store's or a prefetch's key (prefetches
+ * create objects), which adds the model and salt names; otherwise a read's key, which adds
+ * nothing (an unknown name gives a key no object has, so the read misses). okey (may be NULL)
+ * gets the ObjectKey. */
+static int prompt_key(struct engine *e, const struct engine_prompt *p, uint32_t c,
+                      const char *model, uint32_t world_size, uint32_t rank, bool intern,
+                      struct keys_object_key *okey, struct l1_key *out, char *err, size_t errlen) {
+    struct keys_object_key k;
+    memset(&k, 0, sizeof(k));
+    memcpy(k.hash, p->hashes[c], p->hash_len[c]);
+    k.hash_len = p->hash_len[c];
+    if (keys_kv_rank_pack(world_size, rank, &k.kv_rank, err, errlen) < 0) return ENGINE_ERR_INVAL;
+    snprintf(k.model_name, sizeof(k.model_name), "%s", model);
+    snprintf(k.cache_salt, sizeof(k.cache_salt), "%s", p->salt);
+    if (!intern) {
+        l1_key_lookup(e->l1, &k, out);
+    } else if (l1_key_make(e->l1, &k, out) != L1_OK) {
+        errbuf_set(err, errlen, "too many distinct model names or cache salts in use");
+        return ENGINE_ERR_TOO_MANY_NAMES;
+    }
+    if (okey) *okey = k;
+    return ENGINE_OK;
+}
+
+/* The per-rank expansion of chunks [from, to) of p: every rank of world_size for each chunk in
+ * turn (chunk-major, the order lookups lock in), interned, into keys/l1keys
+ * ((to - from) * world_size of each). What lookups and warm prefetches hand to L2. */
+static int prompt_keys(struct engine *e, const struct engine_prompt *p, uint32_t from, uint32_t to,
+                       const char *model, uint32_t world_size, struct keys_object_key *keys,
+                       struct l1_key *l1keys, char *err, size_t errlen) {
+    size_t n = 0;
+    for (uint32_t c = from; c < to; c++)
+        for (uint32_t r = 0; r < world_size; r++, n++) {
+            int rc =
+                prompt_key(e, p, c, model, world_size, r, true, &keys[n], &l1keys[n], err, errlen);
+            if (rc != ENGINE_OK) return rc;
+        }
+    return ENGINE_OK;
+}
+
+/* ---- store / read ---- */
+
+int engine_store(struct engine *e, const struct engine_prompt *p, const char *model,
+                 uint32_t world_size, uint32_t rank, const struct engine_source *src,
+                 uint64_t now_ns, struct engine_store_result *res, char *err, size_t errlen) {
+    uint32_t n = p->end_chunk - p->start_chunk;
+    struct keys_object_key *wt_keys = NULL; /* what was admitted, for the write-through */
+    struct l1_key *wt_l1keys = NULL;
+    size_t nwt = 0;
+    int rc = ENGINE_OK;
+    memset(res, 0, sizeof(*res));
+    if (e->l2ctl && n) {
+        wt_keys = malloc((size_t)n * sizeof(*wt_keys));
+        wt_l1keys = malloc((size_t)n * sizeof(*wt_l1keys));
+        if (!wt_keys || !wt_l1keys) { /* write-through is best effort; the store goes on */
+            free(wt_keys);
+            free(wt_l1keys);
+            wt_keys = NULL;
+            wt_l1keys = NULL;
+        }
+    }
+    for (uint32_t c = p->start_chunk; c < p->end_chunk; c++) {
+        uint32_t i = c - p->start_chunk;
+        struct l1_key key;
+        struct l1_ref ref;
+        rc = prompt_key(e, p, c, model, world_size, rank, true, wt_keys ? &wt_keys[nwt] : NULL,
+                        &key, err, errlen);
+        if (rc != ENGINE_OK) goto out;
+        uint64_t size = src->size(src->arg, i);
+        int w = l1_reserve_write(e->l1, &key, size, false, now_ns, &ref);
+        if (w == L1_EXISTS || w == L1_ERR_BUSY) { /* resident, or being written by another */
+            res->skipped++;
+            continue;
+        }
+        if (w != L1_OK) {
+            errbuf_set(err, errlen, "L1: %s", l1_strerror(w));
+            rc = w == L1_ERR_NOMEM            ? ENGINE_ERR_FULL
+                 : w == L1_ERR_TOO_MANY_NAMES ? ENGINE_ERR_TOO_MANY_NAMES
+                                              : ENGINE_ERR_INVAL;
+            goto out;
+        }
+        if (src->fill(src->arg, i, ref.data) < 0) {
+            l1_abort_write(e->l1, &key, ref.token);
+            errbuf_set(err, errlen, "chunk %u could not be read from its source", c);
+            rc = ENGINE_ERR_SOURCE;
+            goto out;
+        }
+        if (l1_finish_write(e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
+            res->stored++;
+            res->bytes += size;
+            if (wt_keys) wt_l1keys[nwt++] = key;
+        }
+    }
+out:
+    if (nwt) l2ctl_store(e->l2ctl, wt_keys, wt_l1keys, nwt);
+    free(wt_keys);
+    free(wt_l1keys);
+    return rc;
+}
+
+int engine_read(struct engine *e, const struct engine_prompt *p, uint32_t c, const char *model,
+                uint32_t world_size, uint32_t rank, const uint8_t *owner, const char *rid,
+                uint64_t now_ns, struct engine_ref *ref, char *err, size_t errlen) {
+    struct l1_ref r;
+    int rc = prompt_key(e, p, c, model, world_size, rank, false, NULL, &ref->key, err, errlen);
+    if (rc != ENGINE_OK) return rc;
+    if (rid && *rid) {
+        /* Only the very object the lookup locked: a retrieve naming another salt, model or
+         * prompt must not read (or release) someone else's object. */
+        if (!session_take_lock(&e->sessions, owner, rid, c, rank, &ref->key)) goto miss;
+        if (l1_read_locked(e->l1, &ref->key, now_ns, &r) != L1_OK) {
+            l1_finish_read(e->l1, &ref->key, 1, now_ns);
+            goto miss;
+        }
+    } else if (l1_reserve_read(e->l1, &ref->key, 1, now_ns, &r) != L1_OK) {
+        goto miss;
+    }
+    ref->data = r.data;
+    ref->size = r.size;
+    return ENGINE_OK;
+miss:
+    errbuf_set(err, errlen, "chunk %u is not in the cache", c);
+    return ENGINE_ERR_NOT_FOUND;
+}
+
+void engine_read_done(struct engine *e, const struct engine_ref *ref, uint64_t now_ns) {
+    l1_finish_read(e->l1, &ref->key, 1, now_ns);
+}
+
+/* ---- lookup sessions ---- */
+
+/* An L2 prefetch issued by a lookup: the keys of the missing chunks and where the result goes. */
+struct prefetch_ticket {
+    struct engine *e;
+    char rid[SESSION_ID_MAX + 1];
+    uint8_t owner[SESSION_OWNER];
+    uint64_t gen;
+    uint32_t readers;
+    size_t n;
+    struct keys_object_key *keys;
+    struct l1_key *l1keys;
+    char model[KEYS_MODEL_NAME_MAX + 1];
+    char salt[KEYS_SALT_MAX + 1];
+};
+
+static void ticket_free(struct prefetch_ticket *tk) {
+    if (!tk) return;
+    free(tk->keys);
+    free(tk->l1keys);
+    free(tk);
+}
+
+/* The ticket for chunks [from, p->end_chunk) of session s; NULL when it cannot be made (the
+ * lookup then answers with its L1 hits). */
+static struct prefetch_ticket *ticket_new(struct engine *e, const struct engine_prompt *p,
+                                          uint32_t from, const char *model, uint32_t world_size,
+                                          uint32_t readers, const struct session *s) {
+    char err[KEYS_ERR_MAX];
+    struct prefetch_ticket *tk = calloc(1, sizeof(*tk));
+    size_t n = (size_t)(p->end_chunk - from) * world_size;
+    if (!tk) goto fail;
+    tk->keys = malloc(n * sizeof(*tk->keys));
+    tk->l1keys = malloc(n * sizeof(*tk->l1keys));
+    if (!tk->keys || !tk->l1keys) goto fail;
+    if (prompt_keys(e, p, from, p->end_chunk, model, world_size, tk->keys, tk->l1keys, err,
+                    sizeof(err)) != ENGINE_OK)
+        goto fail;
+    tk->e = e;
+    tk->n = n;
+    snprintf(tk->rid, sizeof(tk->rid), "%s", s->id);
+    memcpy(tk->owner, s->owner, SESSION_OWNER);
+    snprintf(tk->model, sizeof(tk->model), "%s", model);
+    snprintf(tk->salt, sizeof(tk->salt), "%s", p->salt);
+    tk->gen = s->gen;
+    tk->readers = readers;
+    return tk;
+fail:
+    ticket_free(tk);
+    return NULL;
+}
+
+/* Runs on the l2-controller thread when the prefetch ends. */
+static void prefetch_done(void *arg, const struct l2ctl_prefetch_result *r) {
+    struct prefetch_ticket *tk = arg;
+    struct engine *e = tk->e;
+    session_prefetch_done(&e->sessions, tk->owner, tk->rid, tk->gen, tk->l1keys, r->ready, r->total,
+                          tk->readers, release_locks, e);
+    const char *labels[] = {tk->model, tk->salt};
+    /* Keys loaded from L2, in tokens (one key per rank and chunk). */
+    double tokens = (double)r->found * (double)e->cfg->chunk_size;
+    metrics_add(e->dpm.lookup_hit_l2, labels, tokens);
+    metrics_add(e->dpm.lookup_hit, labels, tokens);
+    ticket_free(tk);
+}
+
+/* Hands the ticket to L2 (which then owns it); -1 when L2 refuses (it is freed). */
+static int ticket_submit(struct engine *e, struct prefetch_ticket *tk) {
+    uint64_t id;
+    int rc = l2ctl_prefetch_submit(e->l2ctl, tk->keys, tk->l1keys, tk->n, L2CTL_TRIM_PREFIX,
+                                   tk->readers, strcmp(e->cfg->l2_prefetch_policy, "retain") != 0,
+                                   prefetch_done, tk, &id);
+    if (rc != L2_OK) {
+        ticket_free(tk);
+        return -1;
+    }
+    return 0;
+}
+
+int engine_lookup(struct engine *e, const uint8_t *owner, const char *rid,
+                  const struct engine_prompt *p, const char *model, uint32_t world_size,
+                  uint32_t readers, uint64_t now_ns, char *err, size_t errlen) {
+    uint32_t nch = p->end_chunk - p->start_chunk;
+    int rc = ENGINE_OK;
+    struct session *s = calloc(1, sizeof(*s));
+    if (!s) goto oom;
+    s->objs = calloc((size_t)(nch ? nch : 1) * world_size, sizeof(*s->objs));
+    if (!s->objs) goto oom;
+    snprintf(s->id, sizeof(s->id), "%s", rid);
+    memcpy(s->owner, owner, SESSION_OWNER);
+    s->start_chunk = p->start_chunk;
+    s->nchunks = nch;
+    s->world_size = world_size;
+    s->created_ns = now_ns;
+    /* Chunk-major: every rank of chunk c before chunk c+1; stop at the first chunk that is not
+     * complete for every rank. */
+    uint32_t c;
+    for (c = 0; c < nch; c++) {
+        struct session_obj *row = &s->objs[(size_t)c * world_size];
+        uint32_t r;
+        for (r = 0; r < world_size; r++) {
+            rc = prompt_key(e, p, p->start_chunk + c, model, world_size, r, false, NULL,
+                            &row[r].key, err, errlen);
+            if (rc != ENGINE_OK) break;
+            if (l1_reserve_read(e->l1, &row[r].key, readers, now_ns, NULL) != L1_OK) break;
+            row[r].locks = readers;
+        }
+        if (r < world_size) {
+            for (uint32_t q = 0; q < r; q++) {
+                l1_finish_read(e->l1, &row[q].key, row[q].locks, now_ns);
+                row[q].locks = 0;
+            }
+            break;
+        }
+    }
+    s->locked_chunks = c;
+    const char *labels[] = {model, p->salt};
+    uint64_t cs = (uint64_t)e->cfg->chunk_size;
+    metrics_add(e->dpm.lookups, labels, 1);
+    metrics_add(e->dpm.lookup_requested, labels, (double)(nch * cs));
+    metrics_add(e->dpm.lookup_hit, labels, (double)(c * cs));
+    if (rc != ENGINE_OK) {
+        session_release(e, s, 0);
+        return rc;
+    }
+    s->gen = atomic_fetch_add(&e->session_gen, 1) + 1;
+    s->hit_chunks = c;
+    /* Chunks c.. missing from L1 are prefetched from L2; the job turns ready when that ends. */
+    struct prefetch_ticket *tk = NULL;
+    if (c < nch && e->l2ctl)
+        tk = ticket_new(e, p, p->start_chunk + c, model, world_size, readers, s);
+    s->job_ready = tk == NULL;
+    struct session *old = session_put(&e->sessions, s);
+    if (old) session_release(e, old, 0);
+    if (tk) {
+        uint64_t gen = tk->gen;
+        if (ticket_submit(e, tk) < 0) /* L2 is shutting down: answer with L1 hits */
+            session_prefetch_done(&e->sessions, owner, rid, gen, NULL, NULL, 0, 0, release_locks,
+                                  e);
+    }
+    return ENGINE_OK;
+oom:
+    session_free(s);
+    errbuf_set(err, errlen, "out of memory");
+    return ENGINE_ERR_INTERNAL;
+}
+
+int engine_lookup_status(struct engine *e, const uint8_t *owner, const char *rid, uint32_t *hits) {
+    return session_query(&e->sessions, owner, rid, hits);
+}
+
+uint64_t engine_lookup_release(struct engine *e, const uint8_t *owner, const char *rid,
+                               uint32_t from, uint32_t to, int64_t rank) {
+    return session_release_range(&e->sessions, owner, rid, from, to, rank, release_locks, e);
+}
+
+void engine_end_session(struct engine *e, const uint8_t *owner, const char *rid) {
+    struct session *s = session_remove(&e->sessions, owner, rid);
+    if (s) session_release(e, s, 1);
+}
+
+/* ---- KV contexts ---- */
+
+int engine_register_context(struct engine *e, const struct kv_context *c,
+                            const struct kv_auth *auth, uint64_t now_ns,
+                            unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset, char *err,
+                            size_t errlen) {
+    return kvreg_register(&e->contexts, c, auth, now_ns, nonce, proof_offset, err, errlen);
+}
+
+int engine_unregister_context(struct engine *e, int64_t instance_id, const uint8_t *owner) {
+    return kvreg_unregister(&e->contexts, instance_id, owner);
+}
+
+struct kv_context *engine_context_get(struct engine *e, int64_t instance_id, const uint8_t *owner,
+                                      uint64_t now_ns) {
+    return owner ? kvreg_get_for(&e->contexts, instance_id, owner, now_ns)
+                 : kvreg_get(&e->contexts, instance_id, now_ns);
+}
+
+void engine_context_put(struct kv_context *c) { kvreg_put(c); }
+
+int engine_context_ping(struct engine *e, int64_t instance_id, uint64_t now_ns) {
+    return kvreg_ping(&e->contexts, instance_id, now_ns);
+}
+
+struct block_read {
+    const struct kv_context *c;
+    const uint32_t *ids;
+    size_t n;
+    uint32_t l0, l1;
+    int (*fn)(void *arg, const void *bytes, size_t len);
+    void *arg;
+    int rc;
+};
+
+/* Reads engine memory: runs under the SIGBUS guard. */
+static void read_blocks_guarded(void *arg) {
+    struct block_read *b = arg;
+    const struct kv_layout *l = &b->c->layout;
+    size_t len = (size_t)l->tokens_per_block * l->bytes_per_token;
+    for (uint32_t layer = b->l0; layer < b->l1; layer++)
+        for (uint32_t k = 0; k < l->kv_count; k++)
+            for (size_t i = 0; i < b->n; i++) {
+                b->rc = b->fn(b->arg, kv_block_ptr(b->c, layer, k, b->ids[i]), len);
+                if (b->rc) return;
+            }
+}
+
+int engine_context_read_blocks(struct engine *e, const struct kv_context *c, const uint32_t *ids,
+                               size_t n, uint32_t l0, uint32_t l1,
+                               int (*fn)(void *arg, const void *bytes, size_t len), void *arg) {
+    (void)e;
+    struct block_read b = {c, ids, n, l0, l1, fn, arg, 0};
+    if (kv_guarded(read_blocks_guarded, &b) < 0) return -1; /* the mapping shrank */
+    return b.rc;
+}
+
+/* ---- warm prefetch ---- */
+
+int engine_warm_prefetch(struct engine *e, const char *model, uint32_t world_size, const char *salt,
+                         const uint32_t *tokens, size_t ntokens, uint64_t *id, size_t *nchunks,
+                         char *err, size_t errlen) {
+    struct engine_prompt p;
+    struct keys_object_key *keys = NULL;
+    struct l1_key *l1keys = NULL;
+    struct kv_layout layout;
+    int rc = ENGINE_OK;
+    memset(&p, 0, sizeof(p));
+    *nchunks = 0;
+    /* The layout check comes first: it tells the operator that the model name or world size
+     * is wrong, which a short sequence must not hide behind a no-op. */
+    if (kvreg_find_layout(&e->contexts, model, world_size, &layout) < 0) {
+        errbuf_set(err, errlen,
+                   "no KV layout registered for model_name '%.256s' with world_size %u", model,
+                   world_size);
+        return ENGINE_ERR_NO_LAYOUT;
+    }
+    size_t cs = (size_t)e->cfg->chunk_size, nch = ntokens / cs;
+    if (nch == 0) return ENGINE_OK;
+    if (!e->l2ctl) {
+        errbuf_set(err, errlen, "no L2 adapters configured");
+        return ENGINE_ERR_NO_L2;
+    }
+    if (nch > UINT32_MAX) {
+        errbuf_set(err, errlen, "too many chunks");
+        return ENGINE_ERR_INVAL;
+    }
+    size_t nkeys = nch * world_size;
+    p.hashes = malloc(nch * sizeof(*p.hashes));
+    p.hash_len = malloc(nch);
+    keys = calloc(nkeys, sizeof(*keys));
+    l1keys = calloc(nkeys, sizeof(*l1keys));
+    if (!p.hashes || !p.hash_len || !keys || !l1keys ||
+        keys_prefix_hashes(e->seed, tokens, ntokens, cs, p.hashes, nch) != (long)nch) {
+        errbuf_set(err, errlen, "out of memory");
+        rc = ENGINE_ERR_INTERNAL;
+        goto out;
+    }
+    memset(p.hash_len, KEYS_HASH_LEN, nch);
+    p.end_chunk = (uint32_t)nch;
+    snprintf(p.salt, sizeof(p.salt), "%s", salt);
+    rc = prompt_keys(e, &p, 0, p.end_chunk, model, world_size, keys, l1keys, err, errlen);
+    if (rc != ENGINE_OK) goto out;
+    int l2rc = l2ctl_prefetch_submit(e->l2ctl, keys, l1keys, nkeys, L2CTL_TRIM_SPARSE, 0, false,
+                                     NULL, NULL, id);
+    if (l2rc != L2_OK) {
+        errbuf_set(err, errlen, "%s", l2_strerror(l2rc));
+        rc = ENGINE_ERR_UNAVAILABLE;
+        goto out;
+    }
+    *nchunks = nch;
+out:
+    free(p.hashes);
+    free(p.hash_len);
+    free(keys);
+    free(l1keys);
+    return rc;
+}
+
+int engine_warm_prefetch_poll(struct engine *e, uint64_t id, uint64_t *found, uint64_t *total) {
+    struct l2ctl_prefetch_result r;
+    if (!e->l2ctl) return ENGINE_ERR_NOT_FOUND;
+    int rc = l2ctl_prefetch_poll(e->l2ctl, id, &r);
+    if (rc == L2_ERR_BUSY) return ENGINE_ERR_BUSY;
+    if (rc != L2_OK) return ENGINE_ERR_NOT_FOUND;
+    *found = r.found;
+    *total = r.total;
+    return ENGINE_OK;
+}
+
+/* ---- L2 objects ---- */
+
+int engine_l2_find(struct engine *e, const char *name) {
+    if (!e->l2ctl) return ENGINE_ERR_NO_L2;
+    int idx = l2ctl_find_adapter(e->l2ctl, name);
+    return idx < 0 ? ENGINE_ERR_NOT_FOUND : idx;
+}
+
+const char *engine_l2_name(struct engine *e, int idx) {
+    return l2_adapter_type_name(l2ctl_adapter(e->l2ctl, (size_t)idx));
+}
+
+int engine_l2_list(struct engine *e, int idx, const char *model, size_t page_size,
+                   const char *token, struct engine_object_page *out, char *err, size_t errlen) {
+    struct l2_list_page page = {0};
+    int rc = ENGINE_OK;
+    memset(out, 0, sizeof(*out));
+    errbuf_set(err, errlen, "%s", "");
+    int l2rc = l2_adapter_list(l2ctl_adapter(e->l2ctl, (size_t)idx), model, page_size, token, &page,
+                               err, errlen);
+    if (l2rc == L2_ERR_NOT_SUPPORTED) return ENGINE_ERR_NOT_SUPPORTED;
+    if (l2rc == L2_ERR_BAD_TOKEN) return ENGINE_ERR_BAD_TOKEN;
+    if (l2rc != L2_OK) {
+        if (!*err) errbuf_set(err, errlen, "%s", l2_strerror(l2rc));
+        return l2rc == L2_ERR_INVAL ? ENGINE_ERR_INVAL : ENGINE_ERR_INTERNAL;
+    }
+    out->entries = malloc((page.count ? page.count : 1) * sizeof(*out->entries));
+    if (!out->entries) {
+        errbuf_set(err, errlen, "out of memory");
+        rc = ENGINE_ERR_INTERNAL;
+        goto out;
+    }
+    for (size_t i = 0; i < page.count; i++) {
+        out->entries[i].key = page.entries[i].key;
+        out->entries[i].size = page.entries[i].size;
+    }
+    out->count = page.count;
+    out->next_token = page.next_token; /* handed over */
+    page.next_token = NULL;
+out:
+    l2_list_page_free(&page);
+    return rc;
+}
+
+void engine_object_page_free(struct engine_object_page *p) {
+    free(p->entries);
+    free(p->next_token);
+    memset(p, 0, sizeof(*p));
+}
+
+int engine_l2_delete(struct engine *e, int idx, const struct keys_object_key *keys, size_t n,
+                     uint8_t *deleted, size_t *skipped, char *err, size_t errlen) {
+    int rc = l2ctl_delete(e->l2ctl, idx, keys, n, deleted, skipped);
+    if (rc == L2_OK) return ENGINE_OK;
+    errbuf_set(err, errlen, "%s", l2_strerror(rc));
+    return ENGINE_ERR_INTERNAL;
+}
+
+/* ---- runtime reconfiguration ---- */
+
+/* The i-th reconfigurable adapter of type backend (without regard to case), in configuration
+ * order, or NULL; *count (may be NULL) gets how many there are. */
+static struct l2_adapter *reconfigurable(struct engine *e, const char *backend, size_t i,
+                                         size_t *count) {
+    struct l2_adapter *hit = NULL;
+    size_t found = 0;
+    for (size_t k = 0; k < e->nl2; k++) {
+        if (!l2_adapter_reconfigurable(e->l2[k])) continue;
+        if (strcasecmp(l2_adapter_type_name(e->l2[k]), backend) != 0) continue;
+        if (found == i) hit = e->l2[k];
+        found++;
+    }
+    if (count) *count = found;
+    return hit;
+}
+
+size_t engine_reconfigurable_count(struct engine *e, const char *backend) {
+    size_t n = 0;
+    reconfigurable(e, backend, SIZE_MAX, &n);
+    return n;
+}
+
+json_t *engine_reconfigure_status(struct engine *e, const char *backend, size_t i) {
+    struct l2_adapter *a = reconfigurable(e, backend, i, NULL);
+    if (!a) return NULL;
+    json_t *st = a->ops->reconfigure_status ? a->ops->reconfigure_status(a) : NULL;
+    if (!json_is_object(st)) {
+        json_decref(st);
+        st = json_pack("{s:s}", "type", l2_adapter_type_name(a));
+    }
+    return st;
+}
+
+json_t *engine_reconfigure(struct engine *e, const char *backend, size_t i, const char *op,
+                           json_t *body, int *http_status) {
+    struct l2_adapter *a = reconfigurable(e, backend, i, NULL);
+    if (!a) return NULL;
+    return a->ops->reconfigure(a, op, body, http_status);
 }

@@ -1,17 +1,22 @@
-/* THE engine: the one object every thread of the daemon shares, and the API
- * every front end (ZMQ data plane, HTTP admin) calls. Front ends never reach
- * into L1 or L2 directly. */
+/* THE engine: the one object every thread of the daemon shares, and the API every front end
+ * (ZMQ data plane, HTTP admin) calls. Front ends never reach into L1 or L2: every operation they
+ * need on the caches, the lookup sessions or the L2 adapters is a function of this header, and
+ * the engine never calls a front end (server.c starts and stops them around it). What the
+ * engine's own floor offers besides (kvctx.h: the shared-memory KV contexts and their copies;
+ * keys.h: the checks of wire fields) front ends may use directly. */
 #ifndef LMCACHE_SERVER_ENGINE_H
 #define LMCACHE_SERVER_ENGINE_H
 
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/check.h"
 #include "server/config.h"
-#include "server/dataplane/context.h"
+#include "server/keys.h"
+#include "server/kvctx.h"
 #include "server/l1/l1.h"
 #include "server/session.h"
 
@@ -23,7 +28,6 @@ struct periodic_registry;
 
 struct metric;
 struct logger;
-struct dataplane;
 struct l2_adapter;
 
 /* Data-plane metrics (names from the LMCache MP server's catalogue). */
@@ -74,7 +78,6 @@ struct engine {
     uint8_t seed[32]; /* chunk-hash chain seed */
     struct kv_registry contexts;
     struct session_table sessions;
-    struct dataplane *dp;
     struct engine_dp_metrics dpm;
     struct logger *lg_dp;
     /* L2: the configured adapters in configuration order (index 0 is primary); set before
@@ -93,37 +96,204 @@ struct engine {
 
 #define ENGINE_CHECK(e) CHECK((e) && (e)->magic == ENGINE_MAGIC)
 
-/* Creates the parts that the admin API needs before the engine is ready
- * (metrics, periodic registry). Returns 0 or -1 with errbuf. */
-int engine_create(struct engine *e, const struct server_config *cfg, char *errbuf, size_t errlen);
-/* Creates the caches (L1, L2 adapters) and their metrics, without the data socket or the
- * periodic threads; the daemon calls it before binding any port, tests and fuzzers alone.
- * Returns 0, ENGINE_ERR_CONFIG when an adapter rejects its --l2-adapter configuration, or -1
- * for other failures, with errbuf filled. */
-#define ENGINE_ERR_CONFIG (-2)
-int engine_start_caches(struct engine *e, char *errbuf, size_t errlen);
-/* After engine_start_caches: starts the background jobs and the data socket, and marks the
- * engine ready. */
-int engine_start(struct engine *e, char *errbuf, size_t errlen);
+/* Outcomes of the engine API: ENGINE_OK, or one of these with a message in err. */
+#define ENGINE_OK                 0
+#define ENGINE_ERR_INTERNAL       (-1)  /* out of process memory, or a failure of ours */
+#define ENGINE_ERR_CONFIG         (-2)  /* an adapter rejects its --l2-adapter configuration */
+#define ENGINE_ERR_INVAL          (-3)  /* a field the caller passed is invalid */
+#define ENGINE_ERR_FULL           (-4)  /* L1 has no room left, even after eviction */
+#define ENGINE_ERR_TOO_MANY_NAMES (-5)  /* every model-name or cache-salt id is in use */
+#define ENGINE_ERR_SOURCE         (-6)  /* the caller's fill or copy callback failed */
+#define ENGINE_ERR_NOT_FOUND      (-7)  /* not cached, not locked, unknown id */
+#define ENGINE_ERR_BUSY           (-8)  /* still running (a warm prefetch) */
+#define ENGINE_ERR_NO_L2          (-9)  /* no L2 adapters configured */
+#define ENGINE_ERR_NOT_SUPPORTED  (-10) /* the adapter cannot do that */
+#define ENGINE_ERR_BAD_TOKEN      (-11) /* a malformed page token */
+#define ENGINE_ERR_NO_LAYOUT      (-12) /* no KV layout registered for (model, world size) */
+#define ENGINE_ERR_UNAVAILABLE    (-13) /* L2 refused the request (shutting down, queue full) */
+
+#define ENGINE_REQUEST_ID_MAX SESSION_ID_MAX /* bytes of a lookup's request id */
+#define ENGINE_OWNER_LEN      SESSION_OWNER  /* bytes of the key of a connection */
+#define ENGINE_PAGE_SIZE_MAX  5000           /* objects per page of engine_l2_list */
+
+/* ---- life cycle (server.c) ---------------------------------------------------------------- */
+
+/* Creates the parts that the admin API needs before the engine is ready (metrics, periodic
+ * registry). Returns 0 or -1 with err. */
+int engine_create(struct engine *e, const struct server_config *cfg, char *err, size_t errlen);
+/* Creates the caches (L1, L2 adapters) and their metrics, without the periodic threads; the
+ * daemon calls it before binding any port, tests and fuzzers alone. Returns 0,
+ * ENGINE_ERR_CONFIG when an adapter rejects its --l2-adapter configuration, or -1 for other
+ * failures, with err filled. */
+int engine_start_caches(struct engine *e, char *err, size_t errlen);
+/* After engine_start_caches: starts the background jobs (evictors, reaper, session clean-up,
+ * L1 prefault). The engine is ready once the caller says so (engine_set_ready). */
+int engine_start(struct engine *e, char *err, size_t errlen);
+/* server.c marks the engine ready once its front ends are up (GET /healthcheck turns 200), and
+ * not ready before it stops them. */
+void engine_set_ready(struct engine *e, int ready);
 int engine_is_ready(const struct engine *e);
-/* Stops background jobs and releases everything. */
+/* Stops background jobs and releases everything; the front ends must be stopped already. */
 void engine_destroy(struct engine *e);
 
-/* Releases a lookup session's remaining locks (touching its objects when touch) and frees it. */
-void dataplane_session_release(struct engine *e, struct session *s, int touch);
+/* ---- prompts ------------------------------------------------------------------------------ */
 
-/* POST /cache/clear for L1: frees every object, locks ignored. Returns objects freed. */
+/* The chunks of a prompt an operation covers: the hash of every chunk up to end_chunk (client
+ * hashes may be shorter than KEYS_HASH_LEN), [start_chunk, end_chunk), and the cache_salt. The
+ * objects of chunk c are (hash c, model, kv_rank of (world size, rank), salt). */
+struct engine_prompt {
+    uint8_t (*hashes)[KEYS_HASH_LEN]; /* hashes[0..end_chunk) */
+    uint8_t *hash_len;                /* per chunk */
+    uint32_t start_chunk, end_chunk;
+    char salt[KEYS_SALT_MAX + 1];
+};
+
+/* ---- data plane: store, lookup, retrieve -------------------------------------------------- */
+
+/* Where a store's bytes come from: chunk i (0 = start_chunk) has size(arg, i) bytes and
+ * fill(arg, i, dst) copies them (0, or -1 when the source cannot be read). */
+struct engine_source {
+    uint64_t (*size)(void *arg, uint32_t i);
+    int (*fill)(void *arg, uint32_t i, void *dst);
+    void *arg;
+};
+
+struct engine_store_result {
+    int64_t stored, skipped; /* skipped: already cached, or being written by another request */
+    uint64_t bytes;          /* of the chunks stored */
+};
+
+/* Stores the chunks of p for one rank into L1 and queues what was admitted for write-through
+ * to every L2 adapter. The chunks before a failure stay stored. Returns ENGINE_OK, or
+ * ENGINE_ERR_FULL / _TOO_MANY_NAMES / _INVAL (L1 refused), _SOURCE (fill failed), with err. */
+int engine_store(struct engine *e, const struct engine_prompt *p, const char *model,
+                 uint32_t world_size, uint32_t rank, const struct engine_source *src,
+                 uint64_t now_ns, struct engine_store_result *res, char *err, size_t errlen);
+
+/* A cached chunk held for reading: data/size stay valid until engine_read_done. */
+struct engine_ref {
+    const void *data;
+    uint64_t size;
+    struct l1_key key; /* the engine's */
+};
+
+/* Holds chunk c (absolute) of p for one rank: through a read lock of the lookup session
+ * (owner, rid) when rid is not empty (only the very object the lookup locked), else by taking a
+ * lock of its own. ENGINE_OK, ENGINE_ERR_NOT_FOUND (not cached, or not locked by that lookup),
+ * or ENGINE_ERR_INVAL with err. */
+int engine_read(struct engine *e, const struct engine_prompt *p, uint32_t c, const char *model,
+                uint32_t world_size, uint32_t rank, const uint8_t *owner, const char *rid,
+                uint64_t now_ns, struct engine_ref *ref, char *err, size_t errlen);
+/* Releases what engine_read holds. */
+void engine_read_done(struct engine *e, const struct engine_ref *ref, uint64_t now_ns);
+
+/* lookup: locks, chunk-major (every rank of chunk c before chunk c+1), the leading chunks of p
+ * cached for every rank, `readers` read locks each, and opens the session (owner, rid) that
+ * holds them (replacing one of the same name). The chunks after the first miss are prefetched
+ * from L2 when there is L2; the session's job turns ready when that ends. ENGINE_OK, or
+ * ENGINE_ERR_INTERNAL / ENGINE_ERR_INVAL with err. */
+int engine_lookup(struct engine *e, const uint8_t *owner, const char *rid,
+                  const struct engine_prompt *p, const char *model, uint32_t world_size,
+                  uint32_t readers, uint64_t now_ns, char *err, size_t errlen);
+/* query_prefetch_status: 1 = ready (*hits set; reported once), 0 = pending; an unknown session
+ * or a job already reported counts as ready with 0 hits. */
+int engine_lookup_status(struct engine *e, const uint8_t *owner, const char *rid, uint32_t *hits);
+/* free_lookup_locks: releases the session's locks on chunks [from, to) of one rank (every rank
+ * when rank < 0). Returns the number of locks released. */
+uint64_t engine_lookup_release(struct engine *e, const uint8_t *owner, const char *rid,
+                               uint32_t from, uint32_t to, int64_t rank);
+/* end_session: touches the session's objects, releases what it still holds and forgets it. */
+void engine_end_session(struct engine *e, const uint8_t *owner, const char *rid);
+
+/* ---- KV contexts (the registry of kvctx.h, owned by the engine) --------------------------- */
+
+/* kvreg_register on the engine's registry (same arguments and results). */
+int engine_register_context(struct engine *e, const struct kv_context *c,
+                            const struct kv_auth *auth, uint64_t now_ns,
+                            unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset, char *err,
+                            size_t errlen);
+/* 0, or -1 when unknown or (owner not NULL) not registered by that connection. */
+int engine_unregister_context(struct engine *e, int64_t instance_id, const uint8_t *owner);
+/* A reference on a registered context (NULL when unknown or, with owner, not one of that
+ * connection's); refreshes its liveness. Release it with engine_context_put. */
+struct kv_context *engine_context_get(struct engine *e, int64_t instance_id, const uint8_t *owner,
+                                      uint64_t now_ns);
+void engine_context_put(struct kv_context *c);
+/* ping: refreshes liveness; 0, or -1 when unknown. */
+int engine_context_ping(struct engine *e, int64_t instance_id, uint64_t now_ns);
+/* POST /cache/checksums: calls fn(arg, bytes, len) for layers [l0, l1), K then V, each of the n
+ * blocks in turn, under the SIGBUS guard. 0, -1 when the mapping shrank, or fn's nonzero. */
+int engine_context_read_blocks(struct engine *e, const struct kv_context *c, const uint32_t *ids,
+                               size_t n, uint32_t l0, uint32_t l1,
+                               int (*fn)(void *arg, const void *bytes, size_t len), void *arg);
+
+/* ---- admin: caches ------------------------------------------------------------------------ */
+
+/* POST /cache/clear and the data-plane clear for L1: frees every object, locks ignored. Returns
+ * objects freed. */
 size_t engine_clear_l1(struct engine *e);
 /* Bytes of one cache_salt over every tier ("" = the empty salt). */
 uint64_t engine_salt_usage_bytes(struct engine *e, const char *salt);
 /* Tells the tiers that the quota table changed (after PUT/DELETE /quota). */
 void engine_quota_changed(struct engine *e);
 
-/* The L2 adapters in configuration order (*n = 0 without L2). Valid while the engine is ready. */
-struct l2_adapter **engine_l2_adapters(struct engine *e, size_t *n);
+/* POST /cache/prefetches: loads the chunks of tokens (every rank of world_size, chunk-major)
+ * from L2 into L1. ENGINE_OK with *nchunks (0: nothing to do) and *id (poll it with
+ * engine_warm_prefetch_poll); ENGINE_ERR_NO_LAYOUT when no engine registered a KV layout for
+ * (model, world_size) (checked first); ENGINE_ERR_NO_L2, _INTERNAL, _TOO_MANY_NAMES or
+ * _UNAVAILABLE with err. */
+int engine_warm_prefetch(struct engine *e, const char *model, uint32_t world_size, const char *salt,
+                         const uint32_t *tokens, size_t ntokens, uint64_t *id, size_t *nchunks,
+                         char *err, size_t errlen);
+/* ENGINE_OK with the keys found in L2 and loaded, and those asked for (reported once);
+ * ENGINE_ERR_BUSY while it runs; ENGINE_ERR_NOT_FOUND for an unknown or consumed id. */
+int engine_warm_prefetch_poll(struct engine *e, uint64_t id, uint64_t *found, uint64_t *total);
+
+/* ---- admin: L2 objects -------------------------------------------------------------------- */
+
+/* The adapter an ?adapter= selector names (NULL or "": the primary): its index, or
+ * ENGINE_ERR_NO_L2, or ENGINE_ERR_NOT_FOUND. */
+int engine_l2_find(struct engine *e, const char *name);
+/* The type name of adapter idx (from engine_l2_find). */
+const char *engine_l2_name(struct engine *e, int idx);
+
+struct engine_object {
+    struct keys_object_key key;
+    uint64_t size;
+};
+struct engine_object_page {
+    struct engine_object *entries;
+    size_t count;
+    char *next_token; /* NULL when the listing is exhausted */
+};
+/* One page (1..ENGINE_PAGE_SIZE_MAX objects) of adapter idx, optionally one model's only.
+ * ENGINE_OK, or ENGINE_ERR_NOT_SUPPORTED, _BAD_TOKEN (err may be empty), _INVAL, _INTERNAL. */
+int engine_l2_list(struct engine *e, int idx, const char *model, size_t page_size,
+                   const char *token, struct engine_object_page *out, char *err, size_t errlen);
+void engine_object_page_free(struct engine_object_page *p);
+/* Deletes keys from adapter idx; locked ones are skipped (*skipped). deleted gets n flags.
+ * ENGINE_OK, or ENGINE_ERR_INTERNAL with err (the adapter's failure). */
+int engine_l2_delete(struct engine *e, int idx, const struct keys_object_key *keys, size_t n,
+                     uint8_t *deleted, size_t *skipped, char *err, size_t errlen);
+
+/* ---- admin: runtime reconfiguration of L2 adapters ---------------------------------------- */
+
+/* Reconfigurable adapters whose type name is backend (without regard to case). */
+size_t engine_reconfigurable_count(struct engine *e, const char *backend);
+/* The status object of the i-th of them (a new reference; {"type": ...} when the adapter has
+ * none); NULL when i is out of range. */
+json_t *engine_reconfigure_status(struct engine *e, const char *backend, size_t i);
+/* Applies operation op with body to the i-th of them: the adapter's result (a new reference)
+ * and its HTTP status; NULL when i is out of range or the adapter returned nothing. */
+json_t *engine_reconfigure(struct engine *e, const char *backend, size_t i, const char *op,
+                           json_t *body, int *http_status);
+
+/* ---- admin: status and metrics ------------------------------------------------------------ */
 
 /* GET /status body (a new reference). */
 json_t *engine_status(struct engine *e);
+/* GET /config body (a new reference), NULL before the configuration is known. */
+json_t *engine_config_json(struct engine *e);
 /* Updates gauges that mirror engine state, just before a scrape. */
 void engine_refresh_metrics(struct engine *e);
 /* GET /config/adapters "adapters" array (a new reference). */

@@ -1,5 +1,6 @@
-/* `lmcache server`: parses options, starts the admin API and then the engine,
- * reports readiness to systemd, and shuts down cleanly on SIGINT/SIGTERM. */
+/* `lmcache server`: parses options, owns the start and stop order of the layers (engine, then
+ * the admin API, then the data plane; the reverse on SIGINT/SIGTERM), and reports readiness to
+ * systemd. The front ends call the engine; the engine never calls them. */
 #include "server/server.h"
 
 #include <pthread.h>
@@ -14,6 +15,7 @@
 #include "base/stackdump.h"
 #include "server/admin/http.h"
 #include "server/config.h"
+#include "server/dataplane/dataplane.h"
 #include "server/engine.h"
 
 /* Loggers that exist from the start so GET /loglevel lists them. */
@@ -100,6 +102,16 @@ int server_main(int argc, char **argv) {
         config_free(&cfg);
         return 1;
     }
+    struct dataplane *dp = dataplane_start(&engine, cfg.host, (int)cfg.port, (int)cfg.max_workers,
+                                           (size_t)cfg.max_message_mb << 20, err, sizeof(err));
+    if (!dp) {
+        log_error(lg, "engine failed to start: data socket: %s", err);
+        admin_stop(admin, 1.0);
+        engine_destroy(&engine);
+        config_free(&cfg);
+        return 1;
+    }
+    engine_set_ready(&engine, 1);
     log_info(lg, "engine ready (L1 %.3g GiB, policy %s, chunk size %ld)", cfg.l1_size_gb,
              cfg.eviction_policy, cfg.chunk_size);
     sd_notify_send("READY=1");
@@ -108,7 +120,10 @@ int server_main(int argc, char **argv) {
     sigwait(&set, &sig);
     log_info(lg, "received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     sd_notify_send("STOPPING=1");
+    /* Front ends first (admin API quiesced, data socket drained), then the engine. */
     admin_stop(admin, 5.0);
+    engine_set_ready(&engine, 0);
+    dataplane_stop(dp);
     engine_destroy(&engine);
     config_free(&cfg);
     log_info(lg, "stopped");

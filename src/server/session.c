@@ -64,6 +64,7 @@ static struct session *do_unlink(struct session_table *t, const uint8_t *owner, 
     return NULL;
 }
 
+/* Caller holds t->lock. The session called id, or NULL. */
 static struct session *do_find(struct session_table *t, const uint8_t *owner, const char *id) {
     for (struct session *s = t->buckets[bucket_of(owner, id)]; s; s = s->next)
         if (strcmp(s->id, id) == 0 && memcmp(s->owner, owner, SESSION_OWNER) == 0) return s;

@@ -305,3 +305,30 @@ def test_kv_readers_cap_and_unknown_operation_reply_is_decodable(dp):
     reply = msgpack.unpackb(c.sock.recv_multipart()[2])  # valid UTF-8 throughout
     assert reply["code"] == "unknown_operation" and "\\xff" in reply["message"]
     c.close()
+
+
+def test_store_bytes_and_retrieve_bytes_count_as_stores_and_retrieves(dp):
+    """The stores/retrieves counters move for the bytes-in-the-message operations too."""
+    s, c = dp()
+    names = ["lmcache_mp_num_submitted_stores_total", "lmcache_mp_num_finished_stores_total",
+             "lmcache_mp_num_submitted_retrieves_total", "lmcache_mp_num_finished_retrieves_total"]
+
+    def counts():
+        values = {}
+        for line in s.get("/metrics").text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in names:
+                values[name] = float(value)
+        return [values.get(n) for n in names]
+
+    assert counts() == [0, 0, 0, 0]
+    toks = prompt(77, 2)
+    r = c.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"a" * 256, b"b" * 256])
+    assert r["stored_chunks"] == 2
+    assert counts() == [1, 1, 0, 0]
+    assert len(c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"]) == 2
+    assert counts() == [1, 1, 1, 1]
+    # A store that fails is submitted but not finished.
+    with pytest.raises(RuntimeError, match="bad_request"):
+        c.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"a" * 256])
+    assert counts() == [2, 1, 1, 1]

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "server/dataplane/context.h"
+#include "server/kvctx.h"
 #include "server/dataplane/dataplane.h"
 #include "server/session.h"
 

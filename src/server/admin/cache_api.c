@@ -1,4 +1,5 @@
-/* Cache management routes that act on L1. */
+/* Cache management routes: POST /cache/clear (L1) and POST /cache/checksums (reads of an
+ * engine's registered KV cache), through the engine API. */
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,27 +25,25 @@ static void h_clear(struct http_req *req, struct http_resp *resp) {
     const char *t = "l1";
     if (tier && !json_is_null(tier)) {
         if (!json_is_string(tier)) {
-            json_decref(body);
             clear_error(resp, "tier must be a string");
-            return;
+            goto out;
         }
         t = json_string_value(tier);
     }
     if (force && !json_is_boolean(force) && !json_is_null(force)) {
-        json_decref(body);
         clear_error(resp, "force must be a boolean");
-        return;
+        goto out;
     }
     if (strcmp(t, "l1") != 0) {
         char msg[200];
         snprintf(msg, sizeof(msg), "Unsupported tier: '%.64s'. Only 'l1' can be cleared.", t);
-        json_decref(body);
         clear_error(resp, msg);
-        return;
+        goto out;
     }
-    json_decref(body);
     engine_clear_l1(req->engine);
     http_json(resp, 200, json_pack("{s:s, s:{s:s}}", "status", "ok", "cleared", "tier", "l1"));
+out:
+    json_decref(body);
 }
 
 /* "0,[2,5],8": runs of consecutive ids as inclusive ranges, in request order. */
@@ -62,42 +61,26 @@ static char *block_ranges(const uint32_t *ids, size_t n) {
     return sb_detach(&sb, NULL);
 }
 
-struct md5_args {
-    const struct kv_context *c;
-    const uint32_t *ids;
-    size_t n;
-    uint32_t l0, l1;
-    size_t block_bytes;
-    EVP_MD_CTX *md;
-    int ok;
-};
-
-/* Reads engine memory: run under the SIGBUS guard. */
-static void md5_blocks(void *arg) {
-    struct md5_args *a = arg;
-    const struct kv_layout *l = &a->c->layout;
-    for (uint32_t layer = a->l0; a->ok && layer < a->l1; layer++)
-        for (uint32_t k = 0; a->ok && k < l->kv_count; k++)
-            for (size_t b = 0; a->ok && b < a->n; b++)
-                a->ok = EVP_DigestUpdate(a->md, kv_block_ptr(a->c, layer, k, a->ids[b]),
-                                         a->block_bytes) == 1;
+static int md5_update(void *arg, const void *bytes, size_t len) {
+    return EVP_DigestUpdate(arg, bytes, len) == 1 ? 0 : 1;
 }
 
-/* MD5 over (for each layer in `layers`) K then V of each block of the chunk, in order. */
-static int chunk_md5(const struct kv_context *c, const uint32_t *ids, size_t n, uint32_t l0,
-                     uint32_t l1, char hex[33]) {
-    const struct kv_layout *l = &c->layout;
-    size_t block_bytes = (size_t)l->tokens_per_block * l->bytes_per_token;
+/* MD5 over (for each layer in [l0, l1)) K then V of each block of the chunk, in order. */
+static int chunk_md5(struct engine *e, const struct kv_context *c, const uint32_t *ids, size_t n,
+                     uint32_t l0, uint32_t l1, char hex[33]) {
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     unsigned char d[EVP_MAX_MD_SIZE];
     unsigned int dl = 0;
-    int ok = md && EVP_DigestInit_ex(md, EVP_md5(), NULL) == 1;
-    struct md5_args a = {c, ids, n, l0, l1, block_bytes, md, ok};
-    if (ok && kv_guarded(md5_blocks, &a) < 0) a.ok = ok = 0; /* the mapping shrank */
-    ok = a.ok && EVP_DigestFinal_ex(md, d, &dl) == 1;
+    int rc = -1;
+    if (!md || EVP_DigestInit_ex(md, EVP_md5(), NULL) != 1) goto out;
+    /* nonzero: the mapping shrank, or the digest failed */
+    if (engine_context_read_blocks(e, c, ids, n, l0, l1, md5_update, md) != 0) goto out;
+    if (EVP_DigestFinal_ex(md, d, &dl) != 1) goto out;
+    for (unsigned i = 0; i < dl; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    rc = 0;
+out:
     EVP_MD_CTX_free(md);
-    for (unsigned i = 0; ok && i < dl; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
-    return ok ? 0 : -1;
+    return rc;
 }
 
 /* /cache/checksums reports every failure as {"error": ...} (as /status and /config do), while
@@ -140,7 +123,7 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
     size_t cs = (size_t)json_integer_value(jcs);
     int64_t inst = jinst ? json_integer_value(jinst) : 0;
     int layerwise = jlw && json_is_true(jlw);
-    c = kvreg_get(&req->engine->contexts, inst, clock_mono_ns());
+    c = engine_context_get(req->engine, inst, NULL, clock_mono_ns());
     if (!c) {
         char msg[96];
         snprintf(msg, sizeof(msg), "instance_id %lld is not registered", (long long)inst);
@@ -176,7 +159,7 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
         sums = json_array();
         for (size_t k = 0; k < nchunks; k++) {
             size_t m = k + 1 < nchunks ? cs : n - k * cs;
-            if (chunk_md5(c, ids + k * cs, m, 0, c->layout.num_layers, hex) < 0) {
+            if (chunk_md5(req->engine, c, ids + k * cs, m, 0, c->layout.num_layers, hex) < 0) {
                 failed = 1;
                 break;
             }
@@ -188,7 +171,7 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
             json_t *a = json_array();
             for (size_t k = 0; k < nchunks; k++) {
                 size_t m = k + 1 < nchunks ? cs : n - k * cs;
-                if (chunk_md5(c, ids + k * cs, m, layer, layer + 1, hex) < 0) {
+                if (chunk_md5(req->engine, c, ids + k * cs, m, layer, layer + 1, hex) < 0) {
                     failed = 1;
                     break;
                 }
@@ -214,7 +197,7 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
     free(ranges);
 out:
     free(ids);
-    kvreg_put(c);
+    if (c) engine_context_put(c);
     json_decref(body);
 }
 

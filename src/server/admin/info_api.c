@@ -22,11 +22,12 @@ static void h_status(struct http_req *req, struct http_resp *resp) {
 }
 
 static void h_config(struct http_req *req, struct http_resp *resp) {
-    if (!req->engine->cfg) {
+    json_t *cfg = engine_config_json(req->engine);
+    if (!cfg) {
         http_error(resp, 503, "error", "configs not initialized");
         return;
     }
-    http_json_indent(resp, 200, config_to_json(req->engine->cfg));
+    http_json_indent(resp, 200, cfg);
 }
 
 static void h_adapters(struct http_req *req, struct http_resp *resp) {

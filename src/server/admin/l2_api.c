@@ -1,15 +1,16 @@
 /* L2 object management and warm prefetch: GET/DELETE /cache/objects, POST /cache/prefetches,
- * GET /cache/prefetches/{request_id}. L1 is not touched by the object routes (as documented). */
+ * GET /cache/prefetches/{request_id}, through the engine API. L1 is not touched by the object
+ * routes (as documented). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
 #include "server/admin/http.h"
 #include "server/engine.h"
 #include "server/keys.h"
-#include "server/l2/controller.h"
 
 #define MAX_DELETE_BATCH    10000
 #define MAX_PREFETCH_TOKENS (1u << 22)
@@ -17,18 +18,15 @@
 /* 503 without L2; else the adapter index selected by name (NULL/"" = primary), or -1 with a 404
  * already answered. */
 static int select_adapter(struct http_req *req, struct http_resp *resp, const char *name) {
-    struct engine *e = req->engine;
-    if (!e->l2ctl) {
+    int idx = engine_l2_find(req->engine, name);
+    if (idx == ENGINE_ERR_NO_L2) {
         http_error(resp, 503, "detail", "no L2 adapters configured");
-        return -1;
-    }
-    int idx = l2ctl_find_adapter(e->l2ctl, name);
-    if (idx < 0) {
+    } else if (idx < 0) {
         char msg[160];
         snprintf(msg, sizeof(msg), "no adapter named '%.64s' (see GET /config/adapters)", name);
         http_error(resp, 404, "detail", msg);
     }
-    return idx;
+    return idx < 0 ? -1 : idx;
 }
 
 static json_t *key_json(const struct keys_object_key *k) {
@@ -49,31 +47,30 @@ static void h_list(struct http_req *req, struct http_resp *resp) {
         char *end;
         errno = 0;
         page_size = strtol(ps, &end, 10);
-        if (!*ps || *end || errno || page_size < 1 || page_size > L2_PAGE_SIZE_MAX) {
+        if (!*ps || *end || errno || page_size < 1 || page_size > ENGINE_PAGE_SIZE_MAX) {
             http_error(resp, 422, "detail", "page_size must be an integer in [1, 5000]");
             return;
         }
     }
     int idx = select_adapter(req, resp, adapter);
     if (idx < 0) return;
-    struct l2_adapter *a = l2ctl_adapter(req->engine->l2ctl, (size_t)idx);
-    struct l2_list_page page = {0};
+    const char *name = engine_l2_name(req->engine, idx);
+    struct engine_object_page page;
     char err[256] = "";
-    int rc = l2_adapter_list(a, model && *model ? model : NULL, (size_t)page_size,
-                             token && *token ? token : NULL, &page, err, sizeof(err));
-    if (rc == L2_ERR_NOT_SUPPORTED) {
+    int rc = engine_l2_list(req->engine, idx, model && *model ? model : NULL, (size_t)page_size,
+                            token && *token ? token : NULL, &page, err, sizeof(err));
+    if (rc == ENGINE_ERR_NOT_SUPPORTED) {
         char msg[160];
-        snprintf(msg, sizeof(msg), "adapter '%s' does not support listing",
-                 l2_adapter_type_name(a));
+        snprintf(msg, sizeof(msg), "adapter '%s' does not support listing", name);
         http_error(resp, 501, "detail", msg);
         return;
     }
-    if (rc == L2_ERR_BAD_TOKEN) {
+    if (rc == ENGINE_ERR_BAD_TOKEN) {
         http_error(resp, 400, "detail", *err ? err : "malformed page_token");
         return;
     }
-    if (rc != L2_OK) {
-        http_error(resp, rc == L2_ERR_INVAL ? 422 : 500, "detail", *err ? err : l2_strerror(rc));
+    if (rc != ENGINE_OK) {
+        http_error(resp, rc == ENGINE_ERR_INVAL ? 422 : 500, "detail", err);
         return;
     }
     json_t *entries = json_array();
@@ -82,15 +79,15 @@ static void h_list(struct http_req *req, struct http_resp *resp) {
                               json_pack("{s:o, s:I}", "key", key_json(&page.entries[i].key),
                                         "size_bytes", (json_int_t)page.entries[i].size));
     json_t *next = page.next_token ? json_string(page.next_token) : json_null();
-    l2_list_page_free(&page);
-    http_json(resp, 200,
-              json_pack("{s:s, s:o, s:o}", "adapter", l2_adapter_type_name(a), "entries", entries,
-                        "next_page_token", next));
+    engine_object_page_free(&page);
+    http_json(
+        resp, 200,
+        json_pack("{s:s, s:o, s:o}", "adapter", name, "entries", entries, "next_page_token", next));
 }
 
 /* One EncodedObjectKey: 422 for a wrong shape, 400 for a broken ObjectKey invariant. */
-static int parse_key(const json_t *j, size_t i, struct keys_object_key *k, int *status, char *msg,
-                     size_t len) {
+static int parse_key(const json_t *j, size_t i, struct keys_object_key *k, int *status, char *err,
+                     size_t errlen) {
     json_t *h = json_object_get(j, "chunk_hash_hex"), *m = json_object_get(j, "model_name");
     json_t *r = json_object_get(j, "kv_rank"), *g = json_object_get(j, "object_group_id");
     json_t *s = json_object_get(j, "cache_salt");
@@ -98,26 +95,26 @@ static int parse_key(const json_t *j, size_t i, struct keys_object_key *k, int *
         (g && !json_is_null(g) && !json_is_integer(g)) ||
         (s && !json_is_null(s) && !json_is_string(s))) {
         *status = 422;
-        snprintf(msg, len,
-                 "keys[%zu]: expected {chunk_hash_hex: str, model_name: str, kv_rank: int, "
-                 "object_group_id: int, cache_salt: str}",
-                 i);
+        errbuf_set(err, errlen,
+                   "keys[%zu]: expected {chunk_hash_hex: str, model_name: str, kv_rank: int, "
+                   "object_group_id: int, cache_salt: str}",
+                   i);
         return -1;
     }
     json_int_t rank = json_integer_value(r);
     if (rank < 0 || rank > UINT32_MAX) {
         *status = 400;
-        snprintf(msg, len, "keys[%zu]: kv_rank out of range", i);
+        errbuf_set(err, errlen, "keys[%zu]: kv_rank out of range", i);
         return -1;
     }
-    char err[KEYS_ERR_MAX];
+    char why[KEYS_ERR_MAX];
     const char *salt = json_is_string(s) ? json_string_value(s) : "";
     if (keys_object_key_init(k, json_string_value(h), json_string_length(h), json_string_value(m),
                              json_string_length(m), (uint32_t)rank,
                              json_is_integer(g) ? json_integer_value(g) : 0, salt,
-                             json_is_string(s) ? json_string_length(s) : 0, err, sizeof(err)) < 0) {
+                             json_is_string(s) ? json_string_length(s) : 0, why, sizeof(why)) < 0) {
         *status = 400;
-        snprintf(msg, len, "keys[%zu]: %s", i, err);
+        errbuf_set(err, errlen, "keys[%zu]: %s", i, why);
         return -1;
     }
     return 0;
@@ -163,14 +160,15 @@ static void h_delete(struct http_req *req, struct http_resp *resp) {
     int idx = select_adapter(req, resp, adapter ? json_string_value(adapter) : NULL);
     if (idx < 0) goto out;
     size_t skipped = 0;
-    int rc = l2ctl_delete(req->engine->l2ctl, idx, ks, n, deleted, &skipped);
+    char err[256] = "";
+    int rc = engine_l2_delete(req->engine, idx, ks, n, deleted, &skipped, err, sizeof(err));
     size_t nd = 0;
     for (size_t i = 0; i < n; i++) nd += deleted[i];
-    const char *name = l2_adapter_type_name(l2ctl_adapter(req->engine->l2ctl, (size_t)idx));
-    json_t *out =
-        json_pack("{s:I, s:s, s:b, s:I, s:I}", "requested", (json_int_t)n, "adapter", name, "ok",
-                  rc == L2_OK, "deleted", (json_int_t)nd, "skipped_locked", (json_int_t)skipped);
-    if (rc != L2_OK) json_object_set_new(out, "error", json_string(l2_strerror(rc)));
+    const char *name = engine_l2_name(req->engine, idx);
+    json_t *out = json_pack("{s:I, s:s, s:b, s:I, s:I}", "requested", (json_int_t)n, "adapter",
+                            name, "ok", rc == ENGINE_OK, "deleted", (json_int_t)nd,
+                            "skipped_locked", (json_int_t)skipped);
+    if (rc != ENGINE_OK) json_object_set_new(out, "error", json_string(err));
     http_json(resp, 200, out);
 out:
     free(ks);
@@ -185,9 +183,6 @@ static void h_prefetch(struct http_req *req, struct http_resp *resp) {
     json_t *jm = json_object_get(body, "model_name"), *jw = json_object_get(body, "world_size");
     json_t *jt = json_object_get(body, "token_ids"), *js = json_object_get(body, "cache_salt");
     uint32_t *tokens = NULL;
-    uint8_t(*hashes)[KEYS_HASH_LEN] = NULL;
-    struct keys_object_key *keys = NULL;
-    struct l1_key *l1keys = NULL;
     if (!json_is_string(jm) || !json_is_integer(jw) || !json_is_array(jt) ||
         (js && !json_is_null(js) && !json_is_string(js))) {
         http_error(resp, 422, "detail",
@@ -231,10 +226,11 @@ static void h_prefetch(struct http_req *req, struct http_resp *resp) {
         }
         tokens[i] = (uint32_t)json_integer_value(t);
     }
-    /* The layout check comes before the length check: a 409 tells the operator the model name
-     * or world size is wrong, which a short sequence must not hide behind a noop. */
-    struct kv_layout layout;
-    if (kvreg_find_layout(&e->contexts, json_string_value(jm), (uint32_t)ws, &layout) < 0) {
+    uint64_t id = 0;
+    size_t nch = 0;
+    int rc = engine_warm_prefetch(e, json_string_value(jm), (uint32_t)ws, salt, tokens, ntok, &id,
+                                  &nch, err, sizeof(err));
+    if (rc == ENGINE_ERR_NO_LAYOUT) {
         char msg[400];
         snprintf(msg, sizeof(msg),
                  "no KV layout registered for model_name '%.256s' with world_size %lld: the model "
@@ -243,43 +239,16 @@ static void h_prefetch(struct http_req *req, struct http_resp *resp) {
         http_error(resp, 409, "detail", msg);
         goto out;
     }
-    size_t cs = (size_t)e->cfg->chunk_size, nch = ntok / cs;
+    if (rc == ENGINE_ERR_TOO_MANY_NAMES) {
+        http_error(resp, 503, "detail", "too many distinct model names or cache salts");
+        goto out;
+    }
+    if (rc != ENGINE_OK) {
+        http_error(resp, rc == ENGINE_ERR_INTERNAL ? 500 : 503, "detail", err);
+        goto out;
+    }
     if (nch == 0) {
         http_json(resp, 202, json_pack("{s:i, s:s}", "chunks", 0, "status", "noop"));
-        goto out;
-    }
-    if (!e->l2ctl) {
-        http_error(resp, 503, "detail", "no L2 adapters configured");
-        goto out;
-    }
-    size_t nkeys = nch * (size_t)ws;
-    hashes = malloc(nch * sizeof(*hashes));
-    keys = calloc(nkeys, sizeof(*keys));
-    l1keys = calloc(nkeys, sizeof(*l1keys));
-    if (!hashes || !keys || !l1keys ||
-        keys_prefix_hashes(e->seed, tokens, ntok, cs, hashes, nch) != (long)nch) {
-        http_error(resp, 500, "detail", "out of memory");
-        goto out;
-    }
-    /* Chunk-major, every rank of a chunk in turn, as the engine's lookups expand keys. */
-    for (size_t c = 0, n = 0; c < nch; c++)
-        for (uint32_t r = 0; r < (uint32_t)ws; r++, n++) {
-            struct keys_object_key *k = &keys[n];
-            memcpy(k->hash, hashes[c], KEYS_HASH_LEN);
-            k->hash_len = KEYS_HASH_LEN;
-            keys_kv_rank_pack(ws, r, &k->kv_rank, err, sizeof(err));
-            snprintf(k->model_name, sizeof(k->model_name), "%s", json_string_value(jm));
-            snprintf(k->cache_salt, sizeof(k->cache_salt), "%s", salt);
-            if (l1_key_make(e->l1, k, &l1keys[n]) != L1_OK) {
-                http_error(resp, 503, "detail", "too many distinct model names or cache salts");
-                goto out;
-            }
-        }
-    uint64_t id;
-    int rc = l2ctl_prefetch_submit(e->l2ctl, keys, l1keys, nkeys, L2CTL_TRIM_SPARSE, 0, false, NULL,
-                                   NULL, &id);
-    if (rc != L2_OK) {
-        http_error(resp, 503, "detail", l2_strerror(rc));
         goto out;
     }
     char rid[32];
@@ -289,9 +258,6 @@ static void h_prefetch(struct http_req *req, struct http_resp *resp) {
                         "submitted"));
 out:
     free(tokens);
-    free(hashes);
-    free(keys);
-    free(l1keys);
     json_decref(body);
 }
 
@@ -300,16 +266,15 @@ static void h_prefetch_status(struct http_req *req, struct http_resp *resp) {
     char *end;
     errno = 0;
     uint64_t id = strtoull(s, &end, 16);
-    struct l2ctl_prefetch_result r;
-    int rc = (!*s || *end || errno || !req->engine->l2ctl)
-                 ? L2_ERR_NOT_FOUND
-                 : l2ctl_prefetch_poll(req->engine->l2ctl, id, &r);
-    if (rc == L2_ERR_BUSY) {
+    uint64_t found = 0, total = 0;
+    int rc = (!*s || *end || errno) ? ENGINE_ERR_NOT_FOUND
+                                    : engine_warm_prefetch_poll(req->engine, id, &found, &total);
+    if (rc == ENGINE_ERR_BUSY) {
         http_json(resp, 200, json_pack("{s:s}", "status", "pending"));
-    } else if (rc == L2_OK) {
+    } else if (rc == ENGINE_OK) {
         http_json(resp, 200,
                   json_pack("{s:s, s:I, s:I}", "status", "completed", "found_keys",
-                            (json_int_t)r.found, "total_keys", (json_int_t)r.total));
+                            (json_int_t)found, "total_keys", (json_int_t)total));
     } else {
         char msg[400];
         snprintf(msg, sizeof(msg),

@@ -1,7 +1,8 @@
 /* Runtime L2 reconfiguration routes: GET /reconfigure/{backend}/status and
  * POST /reconfigure/{backend}/{operation}. The backend is an adapter type_name (matched without
  * regard to case), adapter_index is local to that backend, and the operation and its body go to
- * the adapter's reconfigure op unchanged (the adapter validates them; dax rejects extra fields). */
+ * the adapter's reconfigure op unchanged, through the engine (the adapter validates them; dax
+ * rejects extra fields). */
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,7 +10,6 @@
 
 #include "server/admin/http.h"
 #include "server/engine.h"
-#include "server/l2/adapter.h"
 
 #define SEG_MAX 256
 
@@ -23,21 +23,6 @@ static void normalise(const char *in, char out[SEG_MAX]) {
     out[n] = 0;
 }
 
-/* The reconfigurable adapters whose type_name is backend, in configuration order; returns how
- * many, filling at most max of them into out. */
-static size_t backend_adapters(struct engine *e, const char *backend, struct l2_adapter **out,
-                               size_t max) {
-    size_t n = 0, found = 0;
-    struct l2_adapter **all = engine_l2_adapters(e, &n);
-    for (size_t i = 0; i < n; i++) {
-        if (!l2_adapter_reconfigurable(all[i])) continue;
-        if (strcasecmp(l2_adapter_type_name(all[i]), backend) != 0) continue;
-        if (found < max) out[found] = all[i];
-        found++;
-    }
-    return found;
-}
-
 #define MAX_BACKEND_ADAPTERS 64
 
 static void h_status(struct http_req *req, struct http_resp *resp) {
@@ -47,16 +32,12 @@ static void h_status(struct http_req *req, struct http_resp *resp) {
         http_error(resp, 400, "detail", "backend must not be empty");
         return;
     }
-    struct l2_adapter *as[MAX_BACKEND_ADAPTERS];
-    size_t n = backend_adapters(req->engine, backend, as, MAX_BACKEND_ADAPTERS);
+    size_t n = engine_reconfigurable_count(req->engine, backend);
     if (n > MAX_BACKEND_ADAPTERS) n = MAX_BACKEND_ADAPTERS;
     json_t *list = json_array();
     for (size_t i = 0; i < n; i++) {
-        json_t *st = as[i]->ops->reconfigure_status ? as[i]->ops->reconfigure_status(as[i]) : NULL;
-        if (!json_is_object(st)) {
-            json_decref(st);
-            st = json_pack("{s:s}", "type", l2_adapter_type_name(as[i]));
-        }
+        json_t *st = engine_reconfigure_status(req->engine, backend, i);
+        if (!st) break;
         json_object_set_new(st, "adapter_index", json_integer((json_int_t)i));
         json_array_append_new(list, st);
     }
@@ -77,35 +58,32 @@ static void h_operation(struct http_req *req, struct http_resp *resp) {
     if (!body) return;
     json_t *ai = json_object_get(body, "adapter_index");
     if (ai && !json_is_integer(ai)) {
-        json_decref(body);
         http_error(resp, 422, "detail", "adapter_index must be an integer");
-        return;
+        goto out;
     }
     json_int_t idx = ai ? json_integer_value(ai) : 0;
-    struct l2_adapter *as[MAX_BACKEND_ADAPTERS];
-    size_t n = backend_adapters(req->engine, backend, as, MAX_BACKEND_ADAPTERS);
+    size_t n = engine_reconfigurable_count(req->engine, backend);
     if (n > MAX_BACKEND_ADAPTERS) n = MAX_BACKEND_ADAPTERS;
     if (idx < 0 || (size_t)idx >= n) {
-        json_decref(body);
         char msg[SEG_MAX + 128];
         snprintf(msg, sizeof(msg),
                  "adapter_index %lld is out of range: backend '%s' has %zu reconfigurable "
                  "adapter(s)",
                  (long long)idx, backend, n);
         http_error(resp, 404, "detail", msg);
-        return;
+        goto out;
     }
-    struct l2_adapter *a = as[idx];
     int status = 500;
-    json_t *res = a->ops->reconfigure(a, op, body, &status);
-    json_decref(body);
+    json_t *res = engine_reconfigure(req->engine, backend, (size_t)idx, op, body, &status);
     if (!res) {
         http_error(resp, 500, "detail", "the adapter returned no result");
-        return;
+        goto out;
     }
     if (status == 200 && json_is_object(res))
         json_object_set_new(res, "adapter_index", json_integer(idx));
     http_json(resp, status, res);
+out:
+    json_decref(body);
 }
 
 #define UNREADY "{\"error\":\"engine not initialized\"}"

@@ -17,6 +17,7 @@
 #include <zmq.h>
 
 #include "base/clock.h"
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/ratelimit.h"
 
@@ -56,14 +57,14 @@ static int scan_keys(const char *path, const char *text, int (*fn)(void *arg, co
             int ok = klen == CURVE_Z85_LEN;
             for (size_t i = 0; ok && i < klen; i++) ok = is_z85(p[skip + i]);
             if (!ok) {
-                snprintf(err, errlen, "%s:%d: not a Z85 key (40 characters)", path, lineno);
+                errbuf_set(err, errlen, "%s:%d: not a Z85 key (40 characters)", path, lineno);
                 return -1;
             }
             char key[CURVE_Z85_LEN + 1];
             memcpy(key, p + skip, CURVE_Z85_LEN);
             key[CURVE_Z85_LEN] = 0;
             if (fn(arg, key) < 0) {
-                snprintf(err, errlen, "%s:%d: not a Z85 key", path, lineno);
+                errbuf_set(err, errlen, "%s:%d: not a Z85 key", path, lineno);
                 return -1;
             }
             n++;
@@ -77,8 +78,8 @@ static char *slurp(const char *path, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_FILE_SIZE) {
-        snprintf(err, errlen, "%s: %s", path,
-                 fd < 0 ? strerror(errno) : "not a regular file of at most 16 MiB");
+        errbuf_set(err, errlen, "%s: %s", path,
+                   fd < 0 ? strerror(errno) : "not a regular file of at most 16 MiB");
         if (fd >= 0) close(fd);
         return NULL;
     }
@@ -91,12 +92,12 @@ static char *slurp(const char *path, char *err, size_t errlen) {
     }
     close(fd);
     if (!buf) {
-        snprintf(err, errlen, "%s: out of memory", path);
+        errbuf_set(err, errlen, "%s: out of memory", path);
         return NULL;
     }
     buf[got] = 0;
     if (strlen(buf) != got) {
-        snprintf(err, errlen, "%s: holds a NUL byte", path);
+        errbuf_set(err, errlen, "%s: holds a NUL byte", path);
         free(buf);
         return NULL;
     }
@@ -118,12 +119,12 @@ int curve_read_key(const char *path, char out[CURVE_Z85_LEN + 1], char *err, siz
     free(text);
     if (n < 0) return -1;
     if (n == 0) {
-        snprintf(err, errlen, "%s: no key", path);
+        errbuf_set(err, errlen, "%s: no key", path);
         return -1;
     }
     unsigned char bin[32];
     if (!zmq_z85_decode(bin, out)) {
-        snprintf(err, errlen, "%s: not a Z85 key", path);
+        errbuf_set(err, errlen, "%s: not a Z85 key", path);
         return -1;
     }
     return 0;
@@ -150,18 +151,18 @@ static int cmp_key(const void *a, const void *b) { return memcmp(a, b, 32); }
 static int load_keys(struct dp_zap *z, const char *allowed, char *err, size_t errlen) {
     z->keys = calloc(MAX_KEYS, 32);
     if (!z->keys) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     struct stat st;
     if (stat(allowed, &st) < 0) {
-        snprintf(err, errlen, "--curve-allowed-clients %s: %s", allowed, strerror(errno));
+        errbuf_set(err, errlen, "--curve-allowed-clients %s: %s", allowed, strerror(errno));
         return -1;
     }
     if (S_ISDIR(st.st_mode)) {
         DIR *d = opendir(allowed);
         if (!d) {
-            snprintf(err, errlen, "--curve-allowed-clients %s: %s", allowed, strerror(errno));
+            errbuf_set(err, errlen, "--curve-allowed-clients %s: %s", allowed, strerror(errno));
             return -1;
         }
         struct dirent *de;
@@ -180,7 +181,7 @@ static int load_keys(struct dp_zap *z, const char *allowed, char *err, size_t er
         return -1;
     }
     if (z->nkeys == 0) {
-        snprintf(err, errlen, "--curve-allowed-clients %s: no key", allowed);
+        errbuf_set(err, errlen, "--curve-allowed-clients %s: no key", allowed);
         return -1;
     }
     qsort(z->keys, z->nkeys, 32, cmp_key);
@@ -256,7 +257,7 @@ static void *zap_main(void *arg) {
 struct dp_zap *dp_zap_start(void *zctx, const char *allowed, char *err, size_t errlen) {
     struct dp_zap *z = calloc(1, sizeof(*z));
     if (!z) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return NULL;
     }
     z->refused_log = (struct ratelimit)RATELIMIT_INIT(10.0, 10);
@@ -266,12 +267,12 @@ struct dp_zap *dp_zap_start(void *zctx, const char *allowed, char *err, size_t e
     int linger = 0;
     if (!z->sock || zmq_setsockopt(z->sock, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
         zmq_bind(z->sock, "inproc://zeromq.zap.01") < 0) {
-        snprintf(err, errlen, "cannot start the ZAP handler: %s", zmq_strerror(errno));
+        errbuf_set(err, errlen, "cannot start the ZAP handler: %s", zmq_strerror(errno));
         goto fail;
     }
     int terr = pthread_create(&z->tid, NULL, zap_main, z);
     if (terr) {
-        snprintf(err, errlen, "cannot start the ZAP handler: %s", strerror(terr));
+        errbuf_set(err, errlen, "cannot start the ZAP handler: %s", strerror(terr));
         goto fail;
     }
     log_info(z->lg, "CURVE: %zu allowed client keys", z->nkeys);

@@ -26,9 +26,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/metrics.h"
-#include "server/dataplane/context.h"
+#include "server/kvctx.h"
 #include "server/dataplane/curve.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
@@ -414,16 +415,16 @@ static void *loop_main(void *arg) {
 }
 
 struct dataplane *dataplane_start(struct engine *e, const char *host, int port, int workers,
-                                  size_t max_message_bytes, char *errbuf, size_t errlen) {
+                                  size_t max_message_bytes, char *err, size_t errlen) {
     struct dataplane *dp = calloc(1, sizeof(*dp));
     if (!dp) {
-        snprintf(errbuf, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return NULL;
     }
     dp->e = e;
     dp->lg = log_get("lmcache.zmq");
     if (kv_guard_init() < 0) {
-        snprintf(errbuf, errlen, "cannot install the SIGBUS handler");
+        errbuf_set(err, errlen, "cannot install the SIGBUS handler");
         free(dp);
         return NULL;
     }
@@ -434,11 +435,11 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     dp->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     dp->zctx = zmq_ctx_new();
     if (dp->efd < 0 || !dp->zctx) {
-        snprintf(errbuf, errlen, "cannot create the ZMQ context");
+        errbuf_set(err, errlen, "cannot create the ZMQ context");
         goto fail;
     }
     const struct server_config *cfg = e->cfg;
-    if (dataplane_check_shm_options(cfg, errbuf, errlen) < 0) goto fail;
+    if (dataplane_check_shm_options(cfg, err, errlen) < 0) goto fail;
     dp->sock = zmq_socket(dp->zctx, ZMQ_ROUTER);
     int64_t cap = (int64_t)max_message_bytes * 4;
     int linger = 0, rcvhwm = (int)e->cfg->zmq_rcvhwm;
@@ -451,20 +452,20 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         char sec[CURVE_Z85_LEN + 1], pub[CURVE_Z85_LEN + 1];
         int one = 1;
         if (!cfg->curve_allowed_clients || !*cfg->curve_allowed_clients) {
-            snprintf(errbuf, errlen, "--curve-secret-key-file needs --curve-allowed-clients");
+            errbuf_set(err, errlen, "--curve-secret-key-file needs --curve-allowed-clients");
             goto fail;
         }
-        if (curve_read_key(cfg->curve_secret_key_file, sec, errbuf, errlen) < 0) goto fail;
+        if (curve_read_key(cfg->curve_secret_key_file, sec, err, errlen) < 0) goto fail;
         if (zmq_curve_public(pub, sec) != 0) {
-            snprintf(errbuf, errlen, "--curve-secret-key-file: %s", zmq_strerror(errno));
+            errbuf_set(err, errlen, "--curve-secret-key-file: %s", zmq_strerror(errno));
             goto fail;
         }
-        dp->zap = dp_zap_start(dp->zctx, cfg->curve_allowed_clients, errbuf, errlen);
+        dp->zap = dp_zap_start(dp->zctx, cfg->curve_allowed_clients, err, errlen);
         if (!dp->zap) goto fail;
         if (zmq_setsockopt(dp->sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
             zmq_setsockopt(dp->sock, ZMQ_CURVE_SECRETKEY, sec, CURVE_Z85_LEN) < 0 ||
             zmq_setsockopt(dp->sock, ZMQ_ZAP_DOMAIN, "lmcache", 7) < 0) {
-            snprintf(errbuf, errlen, "CURVE: %s", zmq_strerror(errno));
+            errbuf_set(err, errlen, "CURVE: %s", zmq_strerror(errno));
             goto fail;
         }
         OPENSSL_cleanse(sec, sizeof(sec)); /* libzmq keeps its own copy */
@@ -473,19 +474,19 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     if (cfg->ipc_path && *cfg->ipc_path) {
         char iep[300];
         if (snprintf(iep, sizeof(iep), "ipc://%s", cfg->ipc_path) >= (int)sizeof(iep)) {
-            snprintf(errbuf, errlen, "--ipc-path is too long");
+            errbuf_set(err, errlen, "--ipc-path is too long");
             goto fail;
         }
         dp->isock = zmq_socket(dp->zctx, ZMQ_ROUTER);
         if (!dp->isock) {
-            snprintf(errbuf, errlen, "cannot create the ipc socket");
+            errbuf_set(err, errlen, "cannot create the ipc socket");
             goto fail;
         }
         zmq_setsockopt(dp->isock, ZMQ_MAXMSGSIZE, &cap, sizeof(cap));
         zmq_setsockopt(dp->isock, ZMQ_LINGER, &linger, sizeof(linger));
         zmq_setsockopt(dp->isock, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm));
         if (zmq_bind(dp->isock, iep) < 0) {
-            snprintf(errbuf, errlen, "cannot bind %s: %s", iep, zmq_strerror(errno));
+            errbuf_set(err, errlen, "cannot bind %s: %s", iep, zmq_strerror(errno));
             goto fail;
         }
         log_info(dp->lg, "data socket also on %s", iep);
@@ -499,7 +500,7 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         hints.ai_family = AF_INET;
         hints.ai_socktype = SOCK_STREAM;
         if (getaddrinfo(host, NULL, &hints, &res) != 0) {
-            snprintf(errbuf, errlen, "--host %s: cannot resolve", host);
+            errbuf_set(err, errlen, "--host %s: cannot resolve", host);
             goto fail;
         }
         inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, addr, sizeof(addr));
@@ -508,12 +509,12 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     char ep[300];
     snprintf(ep, sizeof(ep), "tcp://%s:%d", addr, port);
     if (zmq_bind(dp->sock, ep) < 0) {
-        snprintf(errbuf, errlen, "cannot bind %s: %s", ep, zmq_strerror(errno));
+        errbuf_set(err, errlen, "cannot bind %s: %s", ep, zmq_strerror(errno));
         goto fail;
     }
     dp->workers = calloc((size_t)dp->nworkers, sizeof(*dp->workers));
     if (!dp->workers) {
-        snprintf(errbuf, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         goto fail;
     }
     int started = 0, terr = 0;
@@ -526,7 +527,7 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     }
     if (terr == 0) terr = pthread_create(&dp->loop, NULL, loop_main, dp);
     if (terr != 0) {
-        snprintf(errbuf, errlen, "cannot start data-plane threads: %s", strerror(terr));
+        errbuf_set(err, errlen, "cannot start data-plane threads: %s", strerror(terr));
         for (int i = 0; i < started; i++) { /* stop the workers that did start */
             struct worker *w = &dp->workers[i];
             pthread_mutex_lock(&w->lock);

@@ -16,7 +16,7 @@ struct server_config;
  * set, and starts the loop and `workers` worker threads. NULL with errbuf filled when a socket
  * cannot be bound or a key file cannot be read. */
 struct dataplane *dataplane_start(struct engine *e, const char *host, int port, int workers,
-                                  size_t max_message_bytes, char *errbuf, size_t errlen);
+                                  size_t max_message_bytes, char *err, size_t errlen);
 /* Checks the shared-memory options (--shm-allowed-uids, --shm-name-prefixes); 0, or -1 with a
  * message. dataplane_start calls it. */
 int dataplane_check_shm_options(const struct server_config *cfg, char *err, size_t errlen);

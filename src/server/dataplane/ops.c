@@ -1,21 +1,21 @@
 /* The data-plane operations of docs/protocol.md: one table, one handler per operation. A
- * handler decodes its fields, calls the engine's parts (contexts, sessions, L1), and fills the
- * reply; on failure it sets err and returns -1 (the reply then carries ok=false, code, message
- * plus whatever counts the handler already put). */
+ * handler decodes its fields, calls the engine API (engine.h) and the KV-context copies
+ * (kvctx.h), and fills the reply; on failure it sets err and returns -1 (the reply then carries
+ * ok=false, code, message plus whatever counts the handler already put). Errors inside a
+ * handler go to one cleanup label; a handler with nothing to clean up returns at once. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/metrics.h"
-#include "server/dataplane/context.h"
 #include "server/dataplane/dataplane.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
 #include "server/keys.h"
-#include "server/l2/controller.h"
-#include "server/session.h"
+#include "server/kvctx.h"
 
 struct op_ctx {
     struct engine *e;
@@ -28,20 +28,26 @@ struct op_ctx {
 
 /* The key sessions are bound to: the connection's (all zero for an anonymous peer). */
 static const uint8_t *owner_of(const struct op_ctx *o) {
-    static const uint8_t anonymous[SESSION_OWNER];
+    static const uint8_t anonymous[ENGINE_OWNER_LEN];
     return o->peer ? o->peer->key : anonymous;
 }
 
+/* The reply code of an engine failure (its message is already in o->err). */
+static int engine_fail(struct op_ctx *o, int rc) {
+    o->err->code = rc == ENGINE_ERR_FULL             ? DP_OUT_OF_MEMORY
+                   : rc == ENGINE_ERR_TOO_MANY_NAMES ? DP_TOO_MANY_NAMES
+                   : rc == ENGINE_ERR_INVAL          ? DP_BAD_REQUEST
+                   : rc == ENGINE_ERR_SOURCE         ? DP_SHM_ERROR
+                   : rc == ENGINE_ERR_NOT_FOUND      ? DP_NOT_FOUND
+                                                     : DP_INTERNAL;
+    return -1;
+}
+
+#define SHRUNK "the registered shared memory is smaller than its layout (it shrank)"
+
 /* ---- chunk fields: token_ids | chunk_hashes, start, end, cache_salt ---- */
 
-struct chunk_range {
-    uint8_t (*hashes)[KEYS_HASH_LEN]; /* hashes[0..end_chunk) */
-    uint8_t *hash_len;                /* per chunk (client hashes may be shorter) */
-    uint32_t start_chunk, end_chunk;  /* [start, end) in chunks */
-    char salt[KEYS_SALT_MAX + 1];
-};
-
-static void range_free(struct chunk_range *cr) {
+static void range_free(struct engine_prompt *cr) {
     free(cr->hashes);
     free(cr->hash_len);
 }
@@ -63,8 +69,9 @@ static int hash_ref_cmp(const void *a, const void *b) {
 
 /* A chunk named twice in one range would be locked, copied or replied twice: every count and
  * size a request causes must follow from distinct objects. */
-static int check_distinct(struct op_ctx *o, const struct chunk_range *cr) {
+static int check_distinct(struct op_ctx *o, const struct engine_prompt *cr) {
     uint32_t n = cr->end_chunk - cr->start_chunk;
+    int rc = -1;
     if (n < 2) return 0;
     struct hash_ref *v = malloc((size_t)n * sizeof(*v));
     if (!v) {
@@ -77,63 +84,66 @@ static int check_distinct(struct op_ctx *o, const struct chunk_range *cr) {
         v[i].idx = cr->start_chunk + i;
     }
     qsort(v, n, sizeof(*v), hash_ref_cmp);
-    int rc = 0;
-    for (uint32_t i = 1; i < n && rc == 0; i++)
+    for (uint32_t i = 1; i < n; i++)
         if (v[i].len == v[i - 1].len && !memcmp(v[i].h, v[i - 1].h, v[i].len)) {
             dp_fail(o->err, DP_BAD_REQUEST, "chunk_hashes[%u] repeats chunk_hashes[%u]", v[i].idx,
                     v[i - 1].idx);
-            rc = -1;
+            goto out;
         }
+    rc = 0;
+out:
     free(v);
     return rc;
 }
 
 /* ranks: objects per chunk the operation touches (world_size for lookup, else 1). Every
  * allocation is sized by the chunks of the prompt up to `end` (what the client sent) and the
- * range is held to --max-request-objects before anything proportional to it is allocated. */
-static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr, uint32_t ranks) {
+ * range is held to --max-request-objects before anything proportional to it is allocated. On
+ * failure nothing stays allocated. */
+static int parse_range(struct op_ctx *o, struct engine_prompt *cr, uint32_t ranks) {
+    memset(cr, 0, sizeof(*cr));
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size;
-    if (dp_cstr(o->m, "cache_salt", 0, cr->salt, sizeof(cr->salt), o->err) < 0) return -1;
+    if (dp_cstr(o->m, "cache_salt", 0, cr->salt, sizeof(cr->salt), o->err) < 0) goto fail;
     if (keys_check_cache_salt(cr->salt, strlen(cr->salt), o->err->message,
                               sizeof(o->err->message)) < 0) {
         o->err->code = DP_BAD_REQUEST;
-        return -1;
+        goto fail;
     }
     const msgpack_object *hv = dp_get(o->m, "chunk_hashes");
     const msgpack_object *tv = dp_get(o->m, "token_ids");
     if (hv && tv) {
         dp_fail(o->err, DP_BAD_REQUEST, "send either 'token_ids' or 'chunk_hashes', not both");
-        return -1;
+        goto fail;
     }
     if (!hv && !tv) {
         dp_fail(o->err, DP_BAD_REQUEST, "missing required field 'token_ids' (or 'chunk_hashes')");
-        return -1;
+        goto fail;
     }
     const msgpack_object *arr = hv ? hv : tv;
     if (arr->type != MSGPACK_OBJECT_ARRAY) {
         dp_fail(o->err, DP_BAD_REQUEST, "field '%s' must be an array",
                 hv ? "chunk_hashes" : "token_ids");
-        return -1;
+        goto fail;
     }
     uint64_t total = hv ? arr->via.array.size : arr->via.array.size / cs; /* chunks sent */
     if (total > DP_MAX_PROMPT_CHUNKS) {
         dp_fail(o->err, DP_TOO_LARGE, "the prompt has %llu chunks, over the limit of %u",
                 (unsigned long long)total, DP_MAX_PROMPT_CHUNKS);
-        return -1;
+        goto fail;
     }
     int64_t start = 0, end = (int64_t)total * cs;
-    if (dp_int(o->m, "start", 0, 0, INT64_MAX, &start, o->err) < 0) return -1;
-    if (dp_int(o->m, "end", 0, 0, INT64_MAX, &end, o->err) < 0) return -1;
+    if (dp_int(o->m, "start", 0, 0, INT64_MAX, &start, o->err) < 0) goto fail;
+    if (dp_int(o->m, "end", 0, 0, INT64_MAX, &end, o->err) < 0) goto fail;
     if (start % cs) {
         dp_fail(o->err, DP_BAD_REQUEST, "start %lld is not a multiple of chunk_size %u",
                 (long long)start, cs);
-        return -1;
+        goto fail;
     }
     uint64_t end_chunk = (uint64_t)end / cs;
     if (end_chunk > total) end_chunk = total;
     if ((uint64_t)start / cs > end_chunk) {
         dp_fail(o->err, DP_BAD_REQUEST, "start is beyond end");
-        return -1;
+        goto fail;
     }
     cr->start_chunk = (uint32_t)(start / cs);
     cr->end_chunk = (uint32_t)end_chunk;
@@ -143,13 +153,16 @@ static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr, uint32_t
                 "%u chunks x %u ranks = %llu objects, over --max-request-objects %ld",
                 cr->end_chunk - cr->start_chunk, ranks, (unsigned long long)objects,
                 o->e->cfg->max_request_objects);
-        return -1;
+        goto fail;
     }
     /* Hashes of chunks [0, end_chunk) only: chunks past the range are never needed. */
     uint32_t nh = cr->end_chunk;
     cr->hashes = calloc(nh ? nh : 1, sizeof(*cr->hashes));
     cr->hash_len = calloc(nh ? nh : 1, 1);
-    if (!cr->hashes || !cr->hash_len) goto oom;
+    if (!cr->hashes || !cr->hash_len) {
+        dp_fail(o->err, DP_INTERNAL, "out of memory");
+        goto fail;
+    }
     if (hv) {
         for (uint32_t i = 0; i < hv->via.array.size; i++) {
             const msgpack_object *h = &hv->via.array.ptr[i];
@@ -157,7 +170,7 @@ static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr, uint32_t
             uint32_t n = h->type == MSGPACK_OBJECT_BIN ? h->via.bin.size : 0;
             if (!p || n == 0 || n > KEYS_HASH_LEN) {
                 dp_fail(o->err, DP_BAD_REQUEST, "chunk_hashes[%u] must be bin of 1..32 bytes", i);
-                return -1;
+                goto fail;
             }
             if (i < nh) {
                 memcpy(cr->hashes[i], p, n);
@@ -166,91 +179,21 @@ static int parse_range_fields(struct op_ctx *o, struct chunk_range *cr, uint32_t
         }
     } else {
         uint32_t *tokens = NULL, ntok = 0;
-        if (dp_u32_array(o->m, "token_ids", 1, &tokens, &ntok, o->err) < 0) return -1;
+        if (dp_u32_array(o->m, "token_ids", 1, &tokens, &ntok, o->err) < 0) goto fail;
         long got = keys_prefix_hashes(o->e->seed, tokens, ntok, cs, cr->hashes, nh);
         free(tokens);
         if (got < 0 || (uint32_t)got != nh) {
             dp_fail(o->err, DP_INTERNAL, "hashing failed");
-            return -1;
+            goto fail;
         }
         memset(cr->hash_len, KEYS_HASH_LEN, nh ? nh : 1);
     }
-    if (hv && check_distinct(o, cr) < 0) return -1;
+    if (hv && check_distinct(o, cr) < 0) goto fail;
     return 0;
-oom:
-    dp_fail(o->err, DP_INTERNAL, "out of memory");
-    return -1;
-}
-
-/* Parses the chunk fields; on failure nothing stays allocated. */
-static int parse_range(struct op_ctx *o, struct chunk_range *cr, uint32_t ranks) {
+fail:
+    range_free(cr);
     memset(cr, 0, sizeof(*cr));
-    if (parse_range_fields(o, cr, ranks) < 0) {
-        range_free(cr);
-        memset(cr, 0, sizeof(*cr));
-        return -1;
-    }
-    return 0;
-}
-
-/* The L1 key of chunk c for one rank. intern: a store's key (adds the names); otherwise a
- * read's key, which adds nothing (an unknown name is a key no object has). */
-static int make_key2(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, const char *model,
-                     uint32_t world_size, uint32_t rank, struct l1_key *out,
-                     struct keys_object_key *okey, bool intern) {
-    struct keys_object_key kbuf, *kp = okey ? okey : &kbuf;
-    struct keys_object_key k;
-    memset(&k, 0, sizeof(k));
-    memcpy(k.hash, cr->hashes[c], cr->hash_len[c]);
-    k.hash_len = cr->hash_len[c];
-    if (keys_kv_rank_pack(world_size, rank, &k.kv_rank, o->err->message, sizeof(o->err->message)) <
-        0) {
-        o->err->code = DP_BAD_REQUEST;
-        return -1;
-    }
-    snprintf(k.model_name, sizeof(k.model_name), "%s", model);
-    snprintf(k.cache_salt, sizeof(k.cache_salt), "%s", cr->salt);
-    if (!intern) {
-        l1_key_lookup(o->e->l1, &k, out);
-    } else if (l1_key_make(o->e->l1, &k, out) != L1_OK) {
-        dp_fail(o->err, DP_TOO_MANY_NAMES, "too many distinct model names or cache salts in use");
-        return -1;
-    }
-    *kp = k;
-    return 0;
-}
-
-static int make_key(struct op_ctx *o, const struct chunk_range *cr, uint32_t c, const char *model,
-                    uint32_t world_size, uint32_t rank, struct l1_key *out) {
-    return make_key2(o, cr, c, model, world_size, rank, out, NULL, false);
-}
-
-/* Objects a store admitted, for the write-through to L2 once the request is done. */
-struct wt_batch {
-    struct keys_object_key *keys;
-    struct l1_key *l1keys;
-    size_t n;
-};
-
-static void wt_init(struct op_ctx *o, struct wt_batch *b, size_t cap) {
-    b->n = 0;
-    b->keys = NULL;
-    b->l1keys = NULL;
-    if (!o->e->l2ctl || !cap) return;
-    b->keys = malloc(cap * sizeof(*b->keys));
-    b->l1keys = malloc(cap * sizeof(*b->l1keys));
-    if (!b->keys || !b->l1keys) { /* write-through is best effort; the store itself succeeds */
-        free(b->keys);
-        free(b->l1keys);
-        b->keys = NULL;
-        b->l1keys = NULL;
-    }
-}
-
-static void wt_flush(struct op_ctx *o, struct wt_batch *b) {
-    if (b->n) l2ctl_store(o->e->l2ctl, b->keys, b->l1keys, b->n);
-    free(b->keys);
-    free(b->l1keys);
+    return -1;
 }
 
 static int parse_model(struct op_ctx *o, char *model, size_t cap) {
@@ -284,7 +227,7 @@ int dataplane_check_shm_options(const struct server_config *cfg, char *err, size
     uint32_t uids[64];
     size_t n;
     if (cfg->shm_allowed_uids && parse_uids(cfg->shm_allowed_uids, uids, 64, &n) < 0) {
-        snprintf(err, errlen, "--shm-allowed-uids: at most 64 numeric uids");
+        errbuf_set(err, errlen, "--shm-allowed-uids: at most 64 numeric uids");
         return -1;
     }
     size_t i;
@@ -292,14 +235,14 @@ int dataplane_check_shm_options(const struct server_config *cfg, char *err, size
     json_array_foreach(cfg->shm_name_prefixes, i, v) {
         const char *pfx = json_string_value(v);
         if (!pfx || pfx[0] != '/' || strchr(pfx + 1, '/') || i >= 64) {
-            snprintf(err, errlen, "--shm-name-prefixes: at most 64 prefixes, each '/' + name");
+            errbuf_set(err, errlen, "--shm-name-prefixes: at most 64 prefixes, each '/' + name");
             return -1;
         }
     }
     return 0;
 }
 
-/* The checks of docs/security.md (shared-memory authorization) around kvreg_register: the
+/* The checks of docs/security.md (shared-memory authorization) around the registration: the
  * operator's policy, the peer's credentials, and the proof-of-access round trip. */
 static int register_checked(struct op_ctx *o, const struct kv_context *c) {
     const struct server_config *cfg = o->e->cfg;
@@ -326,8 +269,8 @@ static int register_checked(struct op_ctx *o, const struct kv_context *c) {
     memcpy(a.peer, owner_of(o), KV_PEER_KEY);
     unsigned char nonce[KV_PROOF_NONCE];
     uint64_t off = 0;
-    int rc = kvreg_register(&o->e->contexts, c, &a, o->now, nonce, &off, o->err->message,
-                            sizeof(o->err->message));
+    int rc = engine_register_context(o->e, c, &a, o->now, nonce, &off, o->err->message,
+                                     sizeof(o->err->message));
     if (rc == 0) return 0;
     if (rc == KV_REG_NEED_PROOF) {
         o->err->code = DP_PROOF_REQUIRED;
@@ -399,7 +342,7 @@ static int op_register(struct op_ctx *o) {
 static int op_unregister(struct op_ctx *o) {
     int64_t id;
     if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &id, o->err) < 0) return -1;
-    if (kvreg_unregister(&o->e->contexts, id, owner_of(o)) < 0) {
+    if (engine_unregister_context(o->e, id, owner_of(o)) < 0) {
         dp_fail(o->err, DP_NOT_REGISTERED, "instance_id %lld is not registered", (long long)id);
         return -1;
     }
@@ -410,14 +353,14 @@ static struct kv_context *get_context(struct op_ctx *o) {
     int64_t id;
     if (dp_int(o->m, "instance_id", 1, 0, INT64_MAX, &id, o->err) < 0) return NULL;
     /* Only the connections that registered the instance use it; to others it is unknown. */
-    struct kv_context *c = kvreg_get_for(&o->e->contexts, id, owner_of(o), o->now);
+    struct kv_context *c = engine_context_get(o->e, id, owner_of(o), o->now);
     if (!c) dp_fail(o->err, DP_NOT_REGISTERED, "instance_id %lld is not registered", (long long)id);
     return c;
 }
 
 /* Validates block_ids for the range: B ids per chunk, each < num_blocks. */
-static int parse_blocks(struct op_ctx *o, const struct kv_context *c, const struct chunk_range *cr,
-                        uint32_t **blocks) {
+static int parse_blocks(struct op_ctx *o, const struct kv_context *c,
+                        const struct engine_prompt *cr, uint32_t **blocks) {
     uint32_t n = 0;
     const msgpack_object *a;
     if (dp_array(o->m, "block_ids", 1, &a, &n, o->err) < 0) return -1;
@@ -465,58 +408,6 @@ static void observe_throughput(struct engine *e, int store, const char *model, u
                    (double)bytes / dt);
 }
 
-/* Admits chunks [cr->start_chunk, cr->end_chunk) of one rank into L1 (resident keys and keys
- * another writer holds are skipped), then queues what it admitted for write-through to L2.
- * size_of/fill give chunk i's size and copy its bytes into the staging object. Returns 0, or -1
- * with o->err set; the chunks before a failure stay stored. */
-static int store_chunks(struct op_ctx *o, const struct chunk_range *cr, const char *model,
-                        uint32_t ws, uint32_t rank, uint64_t (*size_of)(void *arg, uint32_t i),
-                        int (*fill)(void *arg, uint32_t i, void *dst), void *arg, int64_t *stored,
-                        int64_t *skipped, uint64_t *bytes) {
-    struct wt_batch wt;
-    wt_init(o, &wt, cr->end_chunk - cr->start_chunk);
-    int rc = 0;
-    for (uint32_t ch = cr->start_chunk; ch < cr->end_chunk; ch++) {
-        uint32_t i = ch - cr->start_chunk;
-        struct l1_key key;
-        struct l1_ref ref;
-        if (make_key2(o, cr, ch, model, ws, rank, &key, wt.keys ? &wt.keys[wt.n] : NULL, true) <
-            0) {
-            rc = -1;
-            break;
-        }
-        uint64_t size = size_of(arg, i);
-        int w = l1_reserve_write(o->e->l1, &key, size, false, o->now, &ref);
-        if (w == L1_EXISTS || w == L1_ERR_BUSY) { /* resident, or being written by another */
-            (*skipped)++;
-            continue;
-        }
-        if (w != L1_OK) {
-            dp_fail(o->err,
-                    w == L1_ERR_NOMEM            ? DP_OUT_OF_MEMORY
-                    : w == L1_ERR_TOO_MANY_NAMES ? DP_TOO_MANY_NAMES
-                                                 : DP_BAD_REQUEST,
-                    "L1: %s", l1_strerror(w));
-            rc = -1;
-            break;
-        }
-        if (fill(arg, i, ref.data) < 0) {
-            l1_abort_write(o->e->l1, &key, ref.token);
-            dp_fail(o->err, DP_SHM_ERROR,
-                    "the registered shared memory is smaller than its layout (it shrank)");
-            rc = -1;
-            break;
-        }
-        if (l1_finish_write(o->e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
-            (*stored)++;
-            *bytes += size;
-            if (wt.keys) wt.l1keys[wt.n++] = key;
-        }
-    }
-    wt_flush(o, &wt);
-    return rc;
-}
-
 /* store: chunks gathered from a registered engine cache. */
 struct gather_src {
     const struct kv_context *c;
@@ -547,82 +438,77 @@ static int bin_fill(void *arg, uint32_t i, void *dst) {
 }
 
 static int op_store(struct op_ctx *o) {
-    struct chunk_range cr;
+    struct engine_prompt cr;
     uint32_t *blocks = NULL;
     struct kv_context *c = get_context(o);
     int rc = -1;
     if (!c) return -1;
+    memset(&cr, 0, sizeof(cr));
     metric_inc(o->e->dpm.stores_submitted, 1);
     if (parse_range(o, &cr, 1) < 0) goto out;
-    if (parse_blocks(o, c, &cr, &blocks) < 0) goto out_range;
+    if (parse_blocks(o, c, &cr, &blocks) < 0) goto out;
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
-    uint64_t t0 = clock_mono_ns(), bytes = 0;
+    uint64_t t0 = clock_mono_ns();
     struct gather_src gs = {c, cs, per, blocks};
-    int64_t stored = 0, skipped = 0;
-    rc = store_chunks(o, &cr, c->model_name, c->world_size, c->worker_id, gather_size, gather_fill,
-                      &gs, &stored, &skipped, &bytes);
-    dp_put_int(o->r, "stored_chunks", stored);
-    dp_put_int(o->r, "skipped_chunks", skipped);
-    observe_throughput(o->e, 1, c->model_name, bytes, t0);
-    if (rc == 0) metric_inc(o->e->dpm.stores_finished, 1);
-out_range:
-    range_free(&cr);
+    struct engine_source src = {gather_size, gather_fill, &gs};
+    struct engine_store_result res;
+    int erc = engine_store(o->e, &cr, c->model_name, c->world_size, c->worker_id, &src, o->now,
+                           &res, o->err->message, sizeof(o->err->message));
+    dp_put_int(o->r, "stored_chunks", res.stored);
+    dp_put_int(o->r, "skipped_chunks", res.skipped);
+    observe_throughput(o->e, 1, c->model_name, res.bytes, t0);
+    if (erc == ENGINE_ERR_SOURCE) {
+        dp_fail(o->err, DP_SHM_ERROR, SHRUNK);
+        goto out;
+    }
+    if (erc != ENGINE_OK) {
+        engine_fail(o, erc);
+        goto out;
+    }
+    metric_inc(o->e->dpm.stores_finished, 1);
+    rc = 0;
 out:
+    range_free(&cr);
     free(blocks);
-    kvreg_put(c);
+    engine_context_put(c);
     return rc;
 }
 
-/* Gets readable bytes of chunk ch for rank: through the session's lock when request_id is set,
- * else by taking a lock of its own. On success the caller copies then calls l1_finish_read. */
-static int read_chunk(struct op_ctx *o, const char *rid, const struct l1_key *key, uint32_t ch,
-                      uint32_t rank, struct l1_ref *ref) {
-    if (*rid) {
-        /* Only the very object the lookup locked: a retrieve naming another salt, model or
-         * prompt must not read (or release) someone else's object. */
-        if (!session_take_lock(&o->e->sessions, owner_of(o), rid, ch, rank, key)) return -1;
-        if (l1_read_locked(o->e->l1, key, o->now, ref) == L1_OK) return 0;
-        l1_finish_read(o->e->l1, key, 1, o->now);
-        return -1;
-    }
-    return l1_reserve_read(o->e->l1, key, 1, o->now, ref) == L1_OK ? 0 : -1;
-}
-
 static int op_retrieve(struct op_ctx *o) {
-    struct chunk_range cr;
+    struct engine_prompt cr;
     uint32_t *blocks = NULL;
-    char rid[SESSION_ID_MAX + 1] = "";
+    char rid[ENGINE_REQUEST_ID_MAX + 1] = "";
     struct kv_context *c = get_context(o);
     int rc = -1;
     if (!c) return -1;
+    memset(&cr, 0, sizeof(cr));
     metric_inc(o->e->dpm.retrieves_submitted, 1);
-    int64_t skip = 0;
+    int64_t skip = 0, done = 0;
+    uint64_t t0 = clock_mono_ns(), bytes = 0;
     if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) goto out;
     if (dp_int(o->m, "skip_first_n_tokens", 0, 0, INT64_MAX, &skip, o->err) < 0) goto out;
     if (parse_range(o, &cr, 1) < 0) goto out;
-    if (parse_blocks(o, c, &cr, &blocks) < 0) goto out_range;
+    if (parse_blocks(o, c, &cr, &blocks) < 0) goto out;
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
-    uint64_t size = kv_object_bytes(&c->layout, cs), t0 = clock_mono_ns(), bytes = 0;
-    int64_t done = 0;
-    rc = 0;
+    uint64_t size = kv_object_bytes(&c->layout, cs);
     for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
-        struct l1_key key;
-        struct l1_ref ref;
-        if (make_key(o, &cr, ch, c->model_name, c->world_size, c->worker_id, &key) < 0) {
-            rc = -1;
-            break;
-        }
-        if (read_chunk(o, rid, &key, ch, c->worker_id, &ref) < 0) {
+        struct engine_ref ref;
+        int erc =
+            engine_read(o->e, &cr, ch, c->model_name, c->world_size, c->worker_id, owner_of(o), rid,
+                        o->now, &ref, o->err->message, sizeof(o->err->message));
+        if (erc == ENGINE_ERR_NOT_FOUND) {
             dp_fail(o->err, DP_NOT_FOUND, "chunk %u is not in the cache%s", ch,
                     *rid ? " or not locked by this lookup" : "");
-            rc = -1;
-            break;
+            goto out_counts;
+        }
+        if (erc != ENGINE_OK) {
+            engine_fail(o, erc);
+            goto out_counts;
         }
         if (ref.size != size) {
-            l1_finish_read(o->e->l1, &key, 1, o->now);
+            engine_read_done(o->e, &ref, o->now);
             dp_fail(o->err, DP_NOT_FOUND, "chunk %u was stored with another layout", ch);
-            rc = -1;
-            break;
+            goto out_counts;
         }
         uint64_t first = (uint64_t)ch * cs;
         uint32_t skip_in_chunk = (uint64_t)skip > first
@@ -630,24 +516,23 @@ static int op_retrieve(struct op_ctx *o) {
                                      : 0;
         int bad = kv_scatter_guarded(c, cs, blocks + (size_t)(ch - cr.start_chunk) * per, ref.data,
                                      skip_in_chunk);
-        l1_finish_read(o->e->l1, &key, 1, clock_mono_ns());
+        engine_read_done(o->e, &ref, clock_mono_ns());
         if (bad) {
-            dp_fail(o->err, DP_SHM_ERROR,
-                    "the registered shared memory is smaller than its layout (it shrank)");
-            rc = -1;
-            break;
+            dp_fail(o->err, DP_SHM_ERROR, SHRUNK);
+            goto out_counts;
         }
         done++;
         bytes += size;
     }
+    rc = 0;
+    metric_inc(o->e->dpm.retrieves_finished, 1);
+out_counts:
     dp_put_int(o->r, "retrieved_chunks", done);
     observe_throughput(o->e, 0, c->model_name, bytes, t0);
-    if (rc == 0) metric_inc(o->e->dpm.retrieves_finished, 1);
-out_range:
-    range_free(&cr);
 out:
+    range_free(&cr);
     free(blocks);
-    kvreg_put(c);
+    engine_context_put(c);
     return rc;
 }
 
@@ -670,32 +555,40 @@ static int parse_rank(struct op_ctx *o, uint32_t *world_size, uint32_t *rank) {
 static int op_store_bytes(struct op_ctx *o) {
     char model[KEYS_MODEL_NAME_MAX + 1];
     uint32_t ws, rank;
-    struct chunk_range cr;
+    struct engine_prompt cr;
     const msgpack_object *chunks;
     uint32_t n;
+    int rc = -1;
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
-    if (dp_array(o->m, "chunks", 1, &chunks, &n, o->err) < 0) return -1;
-    if (parse_range(o, &cr, 1) < 0) return -1;
-    int rc = 0;
+    memset(&cr, 0, sizeof(cr));
+    metric_inc(o->e->dpm.stores_submitted, 1);
+    if (dp_array(o->m, "chunks", 1, &chunks, &n, o->err) < 0) goto out;
+    if (parse_range(o, &cr, 1) < 0) goto out;
     if (n != cr.end_chunk - cr.start_chunk) {
         dp_fail(o->err, DP_BAD_REQUEST, "%u chunks sent for a range of %u chunks", n,
                 cr.end_chunk - cr.start_chunk);
-        range_free(&cr);
-        return -1;
+        goto out;
     }
     for (uint32_t i = 0; i < n; i++)
         if (chunks[i].type != MSGPACK_OBJECT_BIN || chunks[i].via.bin.size == 0) {
             dp_fail(o->err, DP_BAD_REQUEST, "chunks[%u] must be non-empty bin", i);
-            range_free(&cr);
-            return -1;
+            goto out;
         }
-    uint64_t t0 = clock_mono_ns(), bytes = 0;
-    int64_t stored = 0, skipped = 0;
-    rc = store_chunks(o, &cr, model, ws, rank, bin_size, bin_fill, (void *)chunks, &stored,
-                      &skipped, &bytes);
-    dp_put_int(o->r, "stored_chunks", stored);
-    dp_put_int(o->r, "skipped_chunks", skipped);
-    observe_throughput(o->e, 1, model, bytes, t0);
+    uint64_t t0 = clock_mono_ns();
+    struct engine_source src = {bin_size, bin_fill, (void *)chunks};
+    struct engine_store_result res;
+    int erc = engine_store(o->e, &cr, model, ws, rank, &src, o->now, &res, o->err->message,
+                           sizeof(o->err->message));
+    dp_put_int(o->r, "stored_chunks", res.stored);
+    dp_put_int(o->r, "skipped_chunks", res.skipped);
+    observe_throughput(o->e, 1, model, res.bytes, t0);
+    if (erc != ENGINE_OK) {
+        engine_fail(o, erc);
+        goto out;
+    }
+    metric_inc(o->e->dpm.stores_finished, 1);
+    rc = 0;
+out:
     range_free(&cr);
     return rc;
 }
@@ -706,256 +599,100 @@ uint64_t dp_max_reply_bytes(const struct server_config *cfg) {
 }
 
 static int op_retrieve_bytes(struct op_ctx *o) {
-    char model[KEYS_MODEL_NAME_MAX + 1], rid[SESSION_ID_MAX + 1] = "";
-    uint32_t ws, rank;
-    struct chunk_range cr;
+    char model[KEYS_MODEL_NAME_MAX + 1], rid[ENGINE_REQUEST_ID_MAX + 1] = "";
+    uint32_t ws, rank, got = 0;
+    struct engine_prompt cr;
+    struct engine_ref *refs = NULL;
+    uint64_t t0 = clock_mono_ns(), bytes = 0;
+    int rc = -1;
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
-    if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) return -1;
-    if (parse_range(o, &cr, 1) < 0) return -1;
+    memset(&cr, 0, sizeof(cr));
+    metric_inc(o->e->dpm.retrieves_submitted, 1);
+    if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) goto out;
+    if (parse_range(o, &cr, 1) < 0) goto out;
     /* Lock the leading present chunks first, so the reply can be sized exactly (and held to
      * --max-reply-mb before it is built) and each chunk copied once, straight from L1 into the
      * reply. */
-    uint32_t want = cr.end_chunk - cr.start_chunk, got = 0;
+    uint32_t want = cr.end_chunk - cr.start_chunk;
     uint64_t cap = dp_max_reply_bytes(o->e->cfg);
-    struct l1_key *keys = calloc(want ? want : 1, sizeof(*keys));
-    struct l1_ref *refs = calloc(want ? want : 1, sizeof(*refs));
-    uint64_t t0 = clock_mono_ns(), bytes = 0;
-    int rc = 0;
-    if (!keys || !refs) {
+    refs = calloc(want ? want : 1, sizeof(*refs));
+    if (!refs) {
         dp_fail(o->err, DP_INTERNAL, "out of memory");
-        rc = -1;
+        goto out;
     }
-    for (uint32_t ch = cr.start_chunk; rc == 0 && ch < cr.end_chunk; ch++) {
-        if (make_key(o, &cr, ch, model, ws, rank, &keys[got]) < 0) {
-            rc = -1;
-            break;
+    for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
+        int erc = engine_read(o->e, &cr, ch, model, ws, rank, owner_of(o), rid, o->now, &refs[got],
+                              o->err->message, sizeof(o->err->message));
+        if (erc == ENGINE_ERR_NOT_FOUND) break; /* the reply holds the leading present chunks */
+        if (erc != ENGINE_OK) {
+            engine_fail(o, erc);
+            goto out;
         }
-        if (read_chunk(o, rid, &keys[got], ch, rank, &refs[got]) < 0) break;
         /* bin32 header per chunk, plus the reply map's other fields */
         if (bytes + refs[got].size + (uint64_t)(got + 1) * 8 + 256 > cap) {
-            l1_finish_read(o->e->l1, &keys[got], 1, o->now);
+            engine_read_done(o->e, &refs[got], o->now);
             dp_fail(o->err, DP_TOO_LARGE,
                     "the %u chunks present from chunk %u on exceed --max-reply-mb (%llu bytes); "
                     "ask for fewer",
                     got + 1, cr.start_chunk, (unsigned long long)cap);
-            rc = -1;
-            break;
+            goto out;
         }
         bytes += refs[got].size;
         got++;
     }
-    if (rc == 0 && dp_reply_reserve(o->r, bytes + 16 + (size_t)got * 8) < 0) {
+    if (dp_reply_reserve(o->r, bytes + 16 + (size_t)got * 8) < 0) {
         dp_fail(o->err, DP_INTERNAL, "out of memory for a %llu-byte reply",
                 (unsigned long long)bytes);
-        rc = -1;
+        goto out;
     }
-    if (rc == 0) {
-        dp_key(o->r, "chunks");
-        msgpack_pack_array(&o->r->pk, got);
-        for (uint32_t i = 0; i < got; i++) {
-            msgpack_pack_bin(&o->r->pk, refs[i].size);
-            msgpack_pack_bin_body(&o->r->pk, refs[i].data, refs[i].size);
-        }
-    }
-    uint64_t now = clock_mono_ns();
-    for (uint32_t i = 0; i < got; i++) l1_finish_read(o->e->l1, &keys[i], 1, now);
-    free(keys);
-    free(refs);
-    if (rc < 0) {
-        range_free(&cr);
-        return -1;
+    dp_key(o->r, "chunks");
+    msgpack_pack_array(&o->r->pk, got);
+    for (uint32_t i = 0; i < got; i++) {
+        msgpack_pack_bin(&o->r->pk, refs[i].size);
+        msgpack_pack_bin_body(&o->r->pk, refs[i].data, refs[i].size);
     }
     observe_throughput(o->e, 0, model, bytes, t0);
+    metric_inc(o->e->dpm.retrieves_finished, 1);
+    rc = 0;
+out:
+    if (got) {
+        uint64_t now = clock_mono_ns();
+        for (uint32_t i = 0; i < got; i++) engine_read_done(o->e, &refs[i], now);
+    }
+    free(refs);
     range_free(&cr);
-    return 0;
+    return rc;
 }
 
 /* ---- lookup sessions ---- */
 
-/* Releases what a session still holds and frees it. touch: end_session marks its objects as
- * recently used. */
-void dataplane_session_release(struct engine *e, struct session *s, int touch) {
-    uint64_t now = clock_mono_ns();
-    size_t n = (size_t)s->locked_chunks * s->world_size;
-    for (size_t i = 0; i < n; i++) {
-        if (touch) l1_touch(e->l1, &s->objs[i].key, now);
-        if (s->objs[i].locks) l1_finish_read(e->l1, &s->objs[i].key, s->objs[i].locks, now);
-    }
-    session_free(s);
-}
-
-static void release_locks(const struct l1_key *key, uint32_t locks, void *arg) {
-    struct engine *e = arg;
-    l1_finish_read(e->l1, key, locks, clock_mono_ns());
-}
-
-/* An L2 prefetch issued by a lookup: the keys of the missing chunks and where the result goes. */
-struct prefetch_ticket {
-    struct engine *e;
-    char rid[SESSION_ID_MAX + 1];
-    uint8_t owner[SESSION_OWNER];
-    uint64_t gen;
-    uint32_t readers;
-    size_t n;
-    struct keys_object_key *keys;
-    struct l1_key *l1keys;
-    char model[KEYS_MODEL_NAME_MAX + 1];
-    char salt[KEYS_SALT_MAX + 1];
-};
-
-static void ticket_free(struct prefetch_ticket *tk) {
-    if (!tk) return;
-    free(tk->keys);
-    free(tk->l1keys);
-    free(tk);
-}
-
-static struct prefetch_ticket *prefetch_ticket_new(struct op_ctx *o, const struct chunk_range *cr,
-                                                   uint32_t first, uint32_t nch, const char *model,
-                                                   uint32_t ws, uint32_t readers,
-                                                   const struct session *s) {
-    struct prefetch_ticket *tk = calloc(1, sizeof(*tk));
-    size_t n = (size_t)(nch - first) * ws;
-    if (!tk || !(tk->keys = malloc(n * sizeof(*tk->keys))) ||
-        !(tk->l1keys = malloc(n * sizeof(*tk->l1keys)))) {
-        ticket_free(tk);
-        return NULL;
-    }
-    tk->e = o->e;
-    snprintf(tk->rid, sizeof(tk->rid), "%s", s->id);
-    memcpy(tk->owner, s->owner, SESSION_OWNER);
-    snprintf(tk->model, sizeof(tk->model), "%s", model);
-    snprintf(tk->salt, sizeof(tk->salt), "%s", cr->salt);
-    tk->gen = s->gen;
-    tk->readers = readers;
-    for (uint32_t ch = first; ch < nch; ch++)
-        for (uint32_t r = 0; r < ws; r++) {
-            if (make_key2(o, cr, cr->start_chunk + ch, model, ws, r, &tk->l1keys[tk->n],
-                          &tk->keys[tk->n], true) < 0) {
-                ticket_free(tk);
-                return NULL;
-            }
-            tk->n++;
-        }
-    return tk;
-}
-
-/* Runs on the l2-controller thread when the prefetch ends. */
-static void prefetch_done(void *arg, const struct l2ctl_prefetch_result *r) {
-    struct prefetch_ticket *tk = arg;
-    struct engine *e = tk->e;
-    session_prefetch_done(&e->sessions, tk->owner, tk->rid, tk->gen, tk->l1keys, r->ready, r->total,
-                          tk->readers, release_locks, e);
-    const char *labels[] = {tk->model, tk->salt};
-    /* Keys loaded from L2, in tokens (one key per rank and chunk). */
-    double tokens = (double)r->found * (double)e->cfg->chunk_size;
-    metrics_add(e->dpm.lookup_hit_l2, labels, tokens);
-    metrics_add(e->dpm.lookup_hit, labels, tokens);
-    ticket_free(tk);
-}
-
-static int prefetch_ticket_submit(struct engine *e, struct prefetch_ticket *tk) {
-    uint64_t id;
-    int rc = l2ctl_prefetch_submit(e->l2ctl, tk->keys, tk->l1keys, tk->n, L2CTL_TRIM_PREFIX,
-                                   tk->readers, strcmp(e->cfg->l2_prefetch_policy, "retain") != 0,
-                                   prefetch_done, tk, &id);
-    if (rc != L2_OK) {
-        ticket_free(tk);
-        return -1;
-    }
-    return 0;
-}
-
 static int op_lookup(struct op_ctx *o) {
-    char model[KEYS_MODEL_NAME_MAX + 1], rid[SESSION_ID_MAX + 1];
+    char model[KEYS_MODEL_NAME_MAX + 1], rid[ENGINE_REQUEST_ID_MAX + 1];
     int64_t ws = 1, readers = 1;
-    struct chunk_range cr;
+    struct engine_prompt cr;
     if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
     if (parse_model(o, model, sizeof(model)) < 0) return -1;
     if (dp_int(o->m, "world_size", 0, 1, 255, &ws, o->err) < 0) return -1;
     if (dp_int(o->m, "num_kv_readers", 0, 1, DP_MAX_KV_READERS, &readers, o->err) < 0) return -1;
     if (parse_range(o, &cr, (uint32_t)ws) < 0) return -1;
-    uint32_t nch = cr.end_chunk - cr.start_chunk;
-    struct session *s = calloc(1, sizeof(*s));
-    if (s) s->objs = calloc((size_t)(nch ? nch : 1) * (size_t)ws, sizeof(*s->objs));
-    if (!s || !s->objs) {
-        session_free(s);
-        range_free(&cr);
-        dp_fail(o->err, DP_INTERNAL, "out of memory");
-        return -1;
-    }
-    snprintf(s->id, sizeof(s->id), "%s", rid);
-    memcpy(s->owner, owner_of(o), SESSION_OWNER);
-    s->start_chunk = cr.start_chunk;
-    s->nchunks = nch;
-    s->world_size = (uint32_t)ws;
-    s->created_ns = o->now;
-    /* Chunk-major: every rank of chunk c before chunk c+1; stop at the first chunk that is not
-     * complete for every rank. */
-    uint32_t c;
-    int rc = 0;
-    for (c = 0; c < nch; c++) {
-        struct session_obj *row = &s->objs[(size_t)c * ws];
-        uint32_t r;
-        for (r = 0; r < ws; r++) {
-            if (make_key(o, &cr, cr.start_chunk + c, model, (uint32_t)ws, r, &row[r].key) < 0) {
-                rc = -1;
-                break;
-            }
-            if (l1_reserve_read(o->e->l1, &row[r].key, (uint32_t)readers, o->now, NULL) != L1_OK)
-                break;
-            row[r].locks = (uint32_t)readers;
-        }
-        if (r < ws) {
-            for (uint32_t q = 0; q < r; q++) {
-                l1_finish_read(o->e->l1, &row[q].key, row[q].locks, o->now);
-                row[q].locks = 0;
-            }
-            break;
-        }
-    }
-    s->locked_chunks = c;
-    const char *labels[] = {model, cr.salt};
-    uint64_t cs = (uint64_t)o->e->cfg->chunk_size;
-    metrics_add(o->e->dpm.lookups, labels, 1);
-    metrics_add(o->e->dpm.lookup_requested, labels, (double)(nch * cs));
-    metrics_add(o->e->dpm.lookup_hit, labels, (double)(c * cs));
-    if (rc < 0) {
-        range_free(&cr);
-        dataplane_session_release(o->e, s, 0);
-        return -1;
-    }
-    s->gen = atomic_fetch_add(&o->e->session_gen, 1) + 1;
-    s->hit_chunks = c;
-    /* Chunks c.. missing from L1 are prefetched from L2; the job turns ready when that ends. */
-    struct prefetch_ticket *tk = NULL;
-    if (c < nch && o->e->l2ctl)
-        tk = prefetch_ticket_new(o, &cr, c, nch, model, (uint32_t)ws, (uint32_t)readers, s);
-    s->job_ready = tk == NULL;
-    struct session *old = session_put(&o->e->sessions, s);
-    if (old) dataplane_session_release(o->e, old, 0);
-    if (tk) {
-        uint64_t gen = tk->gen;
-        if (prefetch_ticket_submit(o->e, tk) < 0) /* L2 is shutting down: answer with L1 hits */
-            session_prefetch_done(&o->e->sessions, owner_of(o), rid, gen, NULL, NULL, 0, 0,
-                                  release_locks, o->e);
-    }
+    int rc = engine_lookup(o->e, owner_of(o), rid, &cr, model, (uint32_t)ws, (uint32_t)readers,
+                           o->now, o->err->message, sizeof(o->err->message));
     range_free(&cr);
-    return 0;
+    return rc == ENGINE_OK ? 0 : engine_fail(o, rc);
 }
 
 static int op_query_prefetch(struct op_ctx *o) {
-    char rid[SESSION_ID_MAX + 1];
+    char rid[ENGINE_REQUEST_ID_MAX + 1];
     if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
     uint32_t hits = 0;
-    int ready = session_query(&o->e->sessions, owner_of(o), rid, &hits);
+    int ready = engine_lookup_status(o->e, owner_of(o), rid, &hits);
     dp_put_bool(o->r, "ready", ready);
     if (ready) dp_put_int(o->r, "hit_chunks", hits);
     return 0;
 }
 
 static int op_free_lookup_locks(struct op_ctx *o) {
-    char rid[SESSION_ID_MAX + 1];
+    char rid[ENGINE_REQUEST_ID_MAX + 1];
     int64_t start = 0, end = INT64_MAX, worker = -1;
     if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
     if (dp_int(o->m, "start", 0, 0, INT64_MAX, &start, o->err) < 0) return -1;
@@ -963,18 +700,17 @@ static int op_free_lookup_locks(struct op_ctx *o) {
     if (dp_int(o->m, "worker_id", 0, 0, 254, &worker, o->err) < 0) return -1;
     uint64_t cs = (uint64_t)o->e->cfg->chunk_size;
     uint64_t from = (uint64_t)start / cs, to = ((uint64_t)end + cs - 1) / cs;
-    uint64_t n = session_release_range(
-        &o->e->sessions, owner_of(o), rid, from > UINT32_MAX ? UINT32_MAX : (uint32_t)from,
-        to > UINT32_MAX ? UINT32_MAX : (uint32_t)to, worker, release_locks, o->e);
+    uint64_t n = engine_lookup_release(o->e, owner_of(o), rid,
+                                       from > UINT32_MAX ? UINT32_MAX : (uint32_t)from,
+                                       to > UINT32_MAX ? UINT32_MAX : (uint32_t)to, worker);
     dp_put_int(o->r, "released", (int64_t)n);
     return 0;
 }
 
 static int op_end_session(struct op_ctx *o) {
-    char rid[SESSION_ID_MAX + 1];
+    char rid[ENGINE_REQUEST_ID_MAX + 1];
     if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
-    struct session *s = session_remove(&o->e->sessions, owner_of(o), rid);
-    if (s) dataplane_session_release(o->e, s, 1);
+    engine_end_session(o->e, owner_of(o), rid);
     return 0;
 }
 
@@ -994,7 +730,7 @@ static int op_ping(struct op_ctx *o) {
     int64_t id = -1;
     if (dp_int(o->m, "instance_id", 0, 0, INT64_MAX, &id, o->err) < 0) return -1;
     if (id >= 0) {
-        kvreg_ping(&o->e->contexts, id, o->now);
+        engine_context_ping(o->e, id, o->now);
         dp_put_int(o->r, "instance_id", id);
     }
     dp_put_double(o->r, "server_time", clock_wall());
@@ -1040,17 +776,15 @@ void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const c
     uint64_t t0 = clock_mono_ns();
     int ok = 0;
     if (!d) {
-        {
-            /* Echo the name printable-ASCII only: the reply's strings must stay valid UTF-8. */
-            char shown[4 * 64 + 1];
-            size_t k = 0;
-            for (size_t i = 0; i < oplen && i < 64; i++) {
-                unsigned char ch = (unsigned char)op[i];
-                k += (size_t)snprintf(shown + k, sizeof(shown) - k,
-                                      ch >= 0x20 && ch < 0x7f && ch != '\\' ? "%c" : "\\x%02x", ch);
-            }
-            dp_fail(&err, DP_UNKNOWN_OPERATION, "unknown operation '%s'", shown);
+        /* Echo the name printable-ASCII only: the reply's strings must stay valid UTF-8. */
+        char shown[4 * 64 + 1];
+        size_t k = 0;
+        for (size_t i = 0; i < oplen && i < 64; i++) {
+            unsigned char ch = (unsigned char)op[i];
+            k += (size_t)snprintf(shown + k, sizeof(shown) - k,
+                                  ch >= 0x20 && ch < 0x7f && ch != '\\' ? "%c" : "\\x%02x", ch);
         }
+        dp_fail(&err, DP_UNKNOWN_OPERATION, "unknown operation '%s'", shown);
     } else {
         msgpack_unpacked up;
         msgpack_unpacked_init(&up);

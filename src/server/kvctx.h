@@ -1,7 +1,8 @@
-/* Registered KV contexts: an engine's paged KV cache in a named shared-memory object, its
- * layout, and the gather/scatter copies between engine blocks and L1 objects. */
-#ifndef LMCACHE_DATAPLANE_CONTEXT_H
-#define LMCACHE_DATAPLANE_CONTEXT_H
+/* Registered KV contexts (the engine's floor): an engine's paged KV cache in a named shared-memory
+ * object, its layout, the registry of them, and the gather/scatter copies between engine blocks
+ * and L1 objects. The engine owns the registry; front ends reach it through engine.h. */
+#ifndef LMCACHE_SERVER_KVCTX_H
+#define LMCACHE_SERVER_KVCTX_H
 
 #include <jansson.h>
 #include <pthread.h>

@@ -1,6 +1,6 @@
 /* Registered KV contexts and the block <-> object copies. A copy is one memcpy per
  * (layer, K/V, block): a block's tokens are contiguous on both sides. */
-#include "server/dataplane/context.h"
+#include "server/kvctx.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +16,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "base/errbuf.h"
 
 void kvreg_init(struct kv_registry *r) {
     pthread_mutex_init(&r->lock, NULL);
@@ -57,16 +59,16 @@ uint64_t kv_object_bytes(const struct kv_layout *l, uint32_t chunk_size) {
 
 int kv_layout_check(const struct kv_layout *l, uint32_t chunk_size, char *err, size_t errlen) {
     if (l->kv_count != 1 && l->kv_count != 2) {
-        snprintf(err, errlen, "kv_count must be 1 or 2");
+        errbuf_set(err, errlen, "kv_count must be 1 or 2");
         return -1;
     }
     if (!l->num_layers || !l->num_blocks || !l->tokens_per_block || !l->bytes_per_token) {
-        snprintf(err, errlen, "layout sizes must be positive");
+        errbuf_set(err, errlen, "layout sizes must be positive");
         return -1;
     }
     if (chunk_size % l->tokens_per_block) {
-        snprintf(err, errlen, "chunk_size %u is not a multiple of tokens_per_block %u", chunk_size,
-                 l->tokens_per_block);
+        errbuf_set(err, errlen, "chunk_size %u is not a multiple of tokens_per_block %u",
+                   chunk_size, l->tokens_per_block);
         return -1;
     }
     /* Every product below must fit 64 bits with room to spare (< 2^60 bytes). */
@@ -74,7 +76,7 @@ int kv_layout_check(const struct kv_layout *l, uint32_t chunk_size, char *err, s
                    (double)l->bytes_per_token;
     double obj = (double)l->kv_count * l->num_layers * chunk_size * (double)l->bytes_per_token;
     if (total > 1e18 || obj > 1e15) {
-        snprintf(err, errlen, "layout is too large");
+        errbuf_set(err, errlen, "layout is too large");
         return -1;
     }
     return 0;
@@ -89,20 +91,21 @@ static int same_layout(const struct kv_layout *a, const struct kv_layout *b) {
 int kv_shm_name_check(const char *name, char *err, size_t errlen) {
     size_t n = strlen(name);
     if (n < 2 || n > KV_SHM_NAME_MAX + 1 || name[0] != '/') {
-        snprintf(err, errlen, "shm_name must be '/' followed by 1 to %d characters",
-                 KV_SHM_NAME_MAX);
+        errbuf_set(err, errlen, "shm_name must be '/' followed by 1 to %d characters",
+                   KV_SHM_NAME_MAX);
         return -1;
     }
     for (size_t i = 1; i < n; i++) {
         char ch = name[i];
         if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
               ch == '.' || ch == '_' || ch == '-')) {
-            snprintf(err, errlen, "shm_name may only hold A-Z a-z 0-9 . _ - after its leading '/'");
+            errbuf_set(err, errlen,
+                       "shm_name may only hold A-Z a-z 0-9 . _ - after its leading '/'");
             return -1;
         }
     }
     if (!strcmp(name, "/.") || !strcmp(name, "/..")) {
-        snprintf(err, errlen, "shm_name must not be \".\" or \"..\"");
+        errbuf_set(err, errlen, "shm_name must not be \".\" or \"..\"");
         return -1;
     }
     return 0;
@@ -152,25 +155,25 @@ static int open_checked(const char *name, const struct kv_auth *a, struct stat *
                         size_t errlen) {
     int dfd = open(KV_SHM_DIR, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", KV_SHM_DIR, strerror(errno));
+        errbuf_set(err, errlen, "cannot open %s: %s", KV_SHM_DIR, strerror(errno));
         return -1;
     }
     const char *rel = name + 1;
     struct stat pre;
     if (fstatat(dfd, rel, &pre, AT_SYMLINK_NOFOLLOW) < 0) {
-        snprintf(err, errlen, "cannot open shared memory '%s': %s", name, strerror(errno));
+        errbuf_set(err, errlen, "cannot open shared memory '%s': %s", name, strerror(errno));
         close(dfd);
         return -1;
     }
     if (!S_ISREG(pre.st_mode)) {
-        snprintf(err, errlen, "shared memory '%s' is not a regular file", name);
+        errbuf_set(err, errlen, "shared memory '%s' is not a regular file", name);
         close(dfd);
         return -1;
     }
     if (!owner_allowed(a, pre.st_uid)) {
-        snprintf(err, errlen,
-                 "shared memory '%s' is owned by uid %u, which this client may not use", name,
-                 (unsigned)pre.st_uid);
+        errbuf_set(err, errlen,
+                   "shared memory '%s' is owned by uid %u, which this client may not use", name,
+                   (unsigned)pre.st_uid);
         close(dfd);
         return -1;
     }
@@ -178,13 +181,13 @@ static int open_checked(const char *name, const struct kv_auth *a, struct stat *
     int saved = errno;
     close(dfd);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open shared memory '%s': %s", name, strerror(saved));
+        errbuf_set(err, errlen, "cannot open shared memory '%s': %s", name, strerror(saved));
         return -1;
     }
     /* The checks again on what was opened: the name may have been replaced in between. */
     if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode) || st->st_dev != pre.st_dev ||
         st->st_ino != pre.st_ino || !owner_allowed(a, st->st_uid)) {
-        snprintf(err, errlen, "shared memory '%s' changed while it was opened", name);
+        errbuf_set(err, errlen, "shared memory '%s' changed while it was opened", name);
         close(fd);
         return -1;
     }
@@ -225,6 +228,8 @@ static void add_owner(struct kv_context *c, const unsigned char *peer) {
 int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const struct kv_auth *auth,
                    uint64_t now_ns, unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset,
                    char *err, size_t errlen) {
+    struct kv_context *c = NULL;
+    int rc = -1;
     if (kv_shm_name_check(tmpl->shm_name, err, errlen) < 0) return KV_REG_BAD_NAME;
     if (auth->n_prefixes) {
         size_t i = 0;
@@ -232,8 +237,8 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
                strncmp(tmpl->shm_name, auth->prefixes[i], strlen(auth->prefixes[i])))
             i++;
         if (i == auth->n_prefixes) {
-            snprintf(err, errlen, "shm_name '%s' does not start with an allowed prefix",
-                     tmpl->shm_name);
+            errbuf_set(err, errlen, "shm_name '%s' does not start with an allowed prefix",
+                       tmpl->shm_name);
             return -1;
         }
     }
@@ -243,25 +248,24 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     if (fd < 0) return -1;
     uint64_t want = need + (auth->need_proof ? KV_PROOF_PAGE : 0);
     if ((uint64_t)st.st_size < want) {
-        snprintf(err, errlen, "shared memory '%s' holds %lld bytes, the layout needs %llu%s",
-                 tmpl->shm_name, (long long)st.st_size, (unsigned long long)want,
-                 auth->need_proof ? " (with the 4096-byte proof page)" : "");
-        close(fd);
-        return -1;
+        errbuf_set(err, errlen, "shared memory '%s' holds %lld bytes, the layout needs %llu%s",
+                   tmpl->shm_name, (long long)st.st_size, (unsigned long long)want,
+                   auth->need_proof ? " (with the 4096-byte proof page)" : "");
+        goto out;
     }
     if (auth->need_proof) {
         int ok = proof_ok(fd, auth, &st, need, now_ns, nonce);
-        if (ok <= 0) {
-            close(fd);
-            if (ok < 0) {
-                snprintf(err, errlen, "cannot compute the proof nonce");
-                return -1;
-            }
+        if (ok < 0) {
+            errbuf_set(err, errlen, "cannot compute the proof nonce");
+            goto out;
+        }
+        if (ok == 0) {
             *proof_offset = need;
-            snprintf(err, errlen,
-                     "write the nonce at byte %llu of '%s' and register again to prove access",
-                     (unsigned long long)need, tmpl->shm_name);
-            return KV_REG_NEED_PROOF;
+            errbuf_set(err, errlen,
+                       "write the nonce at byte %llu of '%s' and register again to prove access",
+                       (unsigned long long)need, tmpl->shm_name);
+            rc = KV_REG_NEED_PROOF;
+            goto out;
         }
     }
 
@@ -269,25 +273,24 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
      * engine that restarted may have recreated it) and layout only refreshes liveness. */
     uint64_t dev = (uint64_t)st.st_dev, ino = (uint64_t)st.st_ino;
     pthread_mutex_lock(&r->lock);
-    for (struct kv_context *c = r->head; c; c = c->next) {
-        if (c->instance_id == tmpl->instance_id && !strcmp(c->shm_name, tmpl->shm_name) &&
-            c->shm_dev == dev && c->shm_ino == ino && ino != 0 &&
-            !strcmp(c->model_name, tmpl->model_name) && c->worker_id == tmpl->worker_id &&
-            c->world_size == tmpl->world_size && same_layout(&c->layout, &tmpl->layout)) {
-            atomic_store(&c->last_seen_ns, now_ns);
-            add_owner(c, auth->peer);
-            pthread_mutex_unlock(&r->lock);
-            close(fd);
-            return 0;
+    for (struct kv_context *o = r->head; o; o = o->next) {
+        if (o->instance_id == tmpl->instance_id && !strcmp(o->shm_name, tmpl->shm_name) &&
+            o->shm_dev == dev && o->shm_ino == ino && ino != 0 &&
+            !strcmp(o->model_name, tmpl->model_name) && o->worker_id == tmpl->worker_id &&
+            o->world_size == tmpl->world_size && same_layout(&o->layout, &tmpl->layout)) {
+            atomic_store(&o->last_seen_ns, now_ns);
+            add_owner(o, auth->peer);
+            rc = 0;
+            break;
         }
     }
     pthread_mutex_unlock(&r->lock);
+    if (rc == 0) goto out;
 
-    struct kv_context *c = calloc(1, sizeof(*c));
+    c = calloc(1, sizeof(*c));
     if (!c) {
-        snprintf(err, errlen, "out of memory");
-        close(fd);
-        return -1;
+        errbuf_set(err, errlen, "out of memory");
+        goto out;
     }
     *c = *tmpl;
     c->base = NULL;
@@ -299,11 +302,10 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     c->shm_dev = (uint64_t)st.st_dev;
     c->shm_ino = (uint64_t)st.st_ino;
     void *p = mmap(NULL, c->map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    close(fd);
     if (p == MAP_FAILED) {
-        snprintf(err, errlen, "cannot map shared memory '%s': %s", c->shm_name, strerror(errno));
+        errbuf_set(err, errlen, "cannot map shared memory '%s': %s", c->shm_name, strerror(errno));
         free(c);
-        return -1;
+        goto out;
     }
     c->base = p;
     atomic_store(&c->refs, 1);
@@ -324,7 +326,10 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     r->count++;
     pthread_mutex_unlock(&r->lock);
     kvreg_put(old);
-    return 0;
+    rc = 0;
+out:
+    close(fd);
+    return rc;
 }
 
 int kvreg_unregister(struct kv_registry *r, int64_t instance_id, const unsigned char *peer) {
@@ -540,12 +545,12 @@ struct copy_args {
     uint32_t skip;
 };
 
-static void do_gather(void *arg) {
+static void gather_cb(void *arg) {
     struct copy_args *a = arg;
     kv_gather(a->c, a->chunk_size, a->ids, a->obj);
 }
 
-static void do_scatter(void *arg) {
+static void scatter_cb(void *arg) {
     struct copy_args *a = arg;
     kv_scatter(a->c, a->chunk_size, a->ids, a->cobj, a->skip);
 }
@@ -553,11 +558,11 @@ static void do_scatter(void *arg) {
 int kv_gather_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                       unsigned char *obj) {
     struct copy_args a = {c, chunk_size, block_ids, obj, NULL, 0};
-    return kv_guarded(do_gather, &a);
+    return kv_guarded(gather_cb, &a);
 }
 
 int kv_scatter_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                        const unsigned char *obj, uint32_t skip_tokens) {
     struct copy_args a = {c, chunk_size, block_ids, NULL, obj, skip_tokens};
-    return kv_guarded(do_scatter, &a);
+    return kv_guarded(scatter_cb, &a);
 }

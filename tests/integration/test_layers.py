@@ -1,0 +1,90 @@
+"""The daemon's layers call only downward (docs/architecture.md, "Layers"): the front ends (data
+plane, admin API) reach L1, L2 and the lookup sessions only through the engine API, the engine
+and what lies below it never include a front end, and the error-buffer conventions hold in the
+files of the engine and its front ends. A source check: it needs no binary."""
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SERVER = ROOT / "src" / "server"
+FRONT_ENDS = ("dataplane", "admin")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def sources(*dirs):
+    for d in dirs:
+        yield from sorted(p for p in (SERVER / d).glob("*.[ch]"))
+
+
+def below_engine():
+    """Every server source under the engine: L1, L2, sessions, kvctx, keys, config."""
+    files = [p for p in SERVER.glob("*.[ch]") if p.stem not in ("engine", "server")]
+    return files + list(sources("l1", "l2"))
+
+
+def test_front_ends_never_reach_into_l1_or_l2():
+    hits = []
+    for p in sources(*FRONT_ENDS):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"l1_|l2ctl_|l2_adapter", line):
+                hits.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert hits == []
+
+
+def test_front_ends_include_no_cache_or_session_header():
+    bad = []
+    for p in sources(*FRONT_ENDS):
+        for inc in INCLUDE.findall(p.read_text()):
+            if inc.startswith(("server/l1/", "server/l2/")) or inc == "server/session.h":
+                bad.append(f"{p.relative_to(ROOT)} includes {inc}")
+    assert bad == []
+
+
+def test_front_ends_do_not_include_each_other():
+    bad = []
+    for mine, other in (("dataplane", "admin"), ("admin", "dataplane")):
+        for p in sources(mine):
+            for inc in INCLUDE.findall(p.read_text()):
+                if inc.startswith(f"server/{other}/"):
+                    bad.append(f"{p.relative_to(ROOT)} includes {inc}")
+    assert bad == []
+
+
+def test_the_engine_includes_no_front_end():
+    bad = []
+    for p in [SERVER / "engine.c", SERVER / "engine.h"] + below_engine():
+        for inc in INCLUDE.findall(p.read_text()):
+            if inc.startswith(("server/dataplane/", "server/admin/")) or inc == "server/server.h":
+                bad.append(f"{p.relative_to(ROOT)} includes {inc}")
+    assert bad == []
+
+
+def test_nothing_below_the_engine_includes_it():
+    bad = [f"{p.relative_to(ROOT)}" for p in below_engine()
+           if "server/engine.h" in INCLUDE.findall(p.read_text())]
+    assert bad == []
+
+
+def test_error_buffers_are_filled_with_errbuf_set():
+    files = [SERVER / "engine.c", SERVER / "engine.h", SERVER / "session.c", SERVER / "kvctx.c",
+             SERVER / "kvctx.h"] + list(sources("dataplane"))
+    files += [SERVER / "admin" / f for f in ("l2_api.c", "reconfigure_api.c", "cache_api.c",
+                                             "info_api.c")]
+    bad = []
+    for p in files:
+        text = p.read_text()
+        for n, line in enumerate(text.splitlines(), 1):
+            if re.search(r"\bv?snprintf\(err(buf)?, errlen", line) or "char *errbuf" in line:
+                bad.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert bad == []
+
+
+def test_prompt_keys_are_made_in_one_place():
+    """A prompt's chunks become object keys (per rank, interned or not) only in the engine's
+    prompt_key: lookups, stores, retrieves and warm prefetches share it."""
+    calls = []
+    for p in list(SERVER.glob("*.c")) + list(sources(*FRONT_ENDS)):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"\bl1_key_(make|lookup)\(|\bmake_key2?\(", line):
+                calls.append(f"{p.relative_to(ROOT)}:{n}")
+    assert len(calls) == 2 and all(c.startswith("src/server/engine.c:") for c in calls), calls

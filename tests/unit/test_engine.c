@@ -1,0 +1,233 @@
+/* Unit tests for the engine API the front ends call (engine.h): store, read, lookup sessions and
+ * their release, and the L2 calls of an engine without L2 adapters. The engine runs without
+ * threads or sockets (engine_create + engine_start_caches, as the fuzz drivers do). Time is the
+ * monotonic clock: L1 compares the leases a store takes with the clock at its end. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "server/config.h"
+#include "server/engine.h"
+
+#define NCHUNKS 4
+#define CHUNK   1000 /* bytes of a chunk's object in these tests */
+
+static struct server_config cfg;
+static struct engine eng;
+static const uint8_t OWNER_A[ENGINE_OWNER_LEN] = {1};
+static const uint8_t OWNER_B[ENGINE_OWNER_LEN] = {2};
+
+static int setup(void **state) {
+    (void)state;
+    char err[256];
+    char *argv[] = {"server", "--l1-size-gb",      "0.0625", "--chunk-size",
+                    "16",     "--eviction-policy", "LRU"};
+    log_set_level(log_get("lmcache"), LOG_CRITICAL);
+    if (config_parse(&cfg, 7, argv, err, sizeof(err)) != 0 ||
+        engine_create(&eng, &cfg, err, sizeof(err)) < 0 ||
+        engine_start_caches(&eng, err, sizeof(err)) < 0) {
+        fprintf(stderr, "set-up: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    engine_destroy(&eng); /* releases the locks of sessions still open */
+    config_free(&cfg);
+    return 0;
+}
+
+/* A prompt of NCHUNKS chunks whose hashes start with `tag`, covering chunks [from, to). */
+struct prompt {
+    uint8_t hashes[NCHUNKS][KEYS_HASH_LEN];
+    uint8_t len[NCHUNKS];
+    struct engine_prompt p;
+};
+
+static void prompt_init(struct prompt *pr, uint8_t tag, uint32_t from, uint32_t to) {
+    memset(pr, 0, sizeof(*pr));
+    for (uint32_t c = 0; c < NCHUNKS; c++) {
+        pr->hashes[c][0] = tag;
+        pr->hashes[c][1] = (uint8_t)c;
+        pr->len[c] = KEYS_HASH_LEN;
+    }
+    pr->p.hashes = pr->hashes;
+    pr->p.hash_len = pr->len;
+    pr->p.start_chunk = from;
+    pr->p.end_chunk = to;
+}
+
+/* Chunk i's bytes are its index plus a seed; fill fails from chunk fail_at on. */
+struct src {
+    uint8_t seed;
+    uint32_t fail_at;
+};
+
+static uint64_t src_size(void *arg, uint32_t i) {
+    (void)arg;
+    (void)i;
+    return CHUNK;
+}
+
+static int src_fill(void *arg, uint32_t i, void *dst) {
+    const struct src *s = arg;
+    if (i >= s->fail_at) return -1;
+    memset(dst, s->seed + (int)i, CHUNK);
+    return 0;
+}
+
+static int store(const struct prompt *pr, const char *model, uint32_t ws, uint32_t rank,
+                 struct src *s, struct engine_store_result *res) {
+    char err[256];
+    struct engine_source es = {src_size, src_fill, s};
+    return engine_store(&eng, &pr->p, model, ws, rank, &es, clock_mono_ns(), res, err, sizeof(err));
+}
+
+/* ENGINE_OK when chunk c reads back as seed + (c - start); the lock is released again. */
+static int read_back(const struct prompt *pr, uint32_t c, const char *model, uint32_t ws,
+                     uint32_t rank, const uint8_t *owner, const char *rid, uint8_t want) {
+    char err[256];
+    struct engine_ref ref;
+    int rc = engine_read(&eng, &pr->p, c, model, ws, rank, owner, rid, clock_mono_ns(), &ref, err,
+                         sizeof(err));
+    if (rc != ENGINE_OK) return rc;
+    int same = ref.size == CHUNK;
+    for (uint64_t i = 0; same && i < ref.size; i++) same = ((const uint8_t *)ref.data)[i] == want;
+    engine_read_done(&eng, &ref, clock_mono_ns());
+    return same ? ENGINE_OK : -100;
+}
+
+static void test_store_then_read(void **state) {
+    (void)state;
+    struct prompt pr;
+    struct src s = {10, UINT32_MAX};
+    struct engine_store_result res;
+    prompt_init(&pr, 0xa0, 0, 3);
+    assert_int_equal(store(&pr, "m", 1, 0, &s, &res), ENGINE_OK);
+    assert_int_equal(res.stored, 3);
+    assert_int_equal(res.skipped, 0);
+    assert_int_equal(res.bytes, 3 * CHUNK);
+    for (uint32_t c = 0; c < 3; c++)
+        assert_int_equal(read_back(&pr, c, "m", 1, 0, OWNER_A, "", (uint8_t)(10 + c)), ENGINE_OK);
+    assert_int_equal(read_back(&pr, 3, "m", 1, 0, OWNER_A, "", 0), ENGINE_ERR_NOT_FOUND);
+    /* another model, rank or salt names other objects */
+    assert_int_equal(read_back(&pr, 0, "other", 1, 0, OWNER_A, "", 10), ENGINE_ERR_NOT_FOUND);
+    assert_int_equal(read_back(&pr, 0, "m", 2, 1, OWNER_A, "", 10), ENGINE_ERR_NOT_FOUND);
+    struct prompt salted = pr;
+    salted.p.hashes = salted.hashes;
+    salted.p.hash_len = salted.len;
+    snprintf(salted.p.salt, sizeof(salted.p.salt), "alice");
+    assert_int_equal(read_back(&salted, 0, "m", 1, 0, OWNER_A, "", 10), ENGINE_ERR_NOT_FOUND);
+    /* storing again skips what is cached */
+    assert_int_equal(store(&pr, "m", 1, 0, &s, &res), ENGINE_OK);
+    assert_int_equal(res.stored, 0);
+    assert_int_equal(res.skipped, 3);
+}
+
+static void test_failed_source_keeps_the_chunks_before(void **state) {
+    (void)state;
+    struct prompt pr;
+    struct src s = {50, 2};
+    struct engine_store_result res;
+    prompt_init(&pr, 0xb0, 0, 4);
+    assert_int_equal(store(&pr, "m", 1, 0, &s, &res), ENGINE_ERR_SOURCE);
+    assert_int_equal(res.stored, 2);
+    assert_int_equal(read_back(&pr, 1, "m", 1, 0, OWNER_A, "", 51), ENGINE_OK);
+    assert_int_equal(read_back(&pr, 2, "m", 1, 0, OWNER_A, "", 0), ENGINE_ERR_NOT_FOUND);
+}
+
+static void test_lookup_session_holds_and_releases(void **state) {
+    (void)state;
+    char err[256];
+    struct prompt pr;
+    struct src s = {70, UINT32_MAX};
+    struct engine_store_result res;
+    uint32_t hits = 99;
+    prompt_init(&pr, 0xc0, 0, 2);
+    assert_int_equal(store(&pr, "m", 1, 0, &s, &res), ENGINE_OK);
+    prompt_init(&pr, 0xc0, 0, 4); /* two cached chunks of four */
+    assert_int_equal(
+        engine_lookup(&eng, OWNER_A, "r1", &pr.p, "m", 1, 1, clock_mono_ns(), err, sizeof(err)),
+        ENGINE_OK);
+    /* without L2 the job is ready at once, reported once */
+    assert_int_equal(engine_lookup_status(&eng, OWNER_A, "r1", &hits), 1);
+    assert_int_equal(hits, 2);
+    assert_int_equal(engine_lookup_status(&eng, OWNER_A, "r1", &hits), 1);
+    assert_int_equal(hits, 0);
+    /* another connection does not see the session */
+    assert_int_equal(read_back(&pr, 0, "m", 1, 0, OWNER_B, "r1", 70), ENGINE_ERR_NOT_FOUND);
+    /* the session's lock on chunk 0 is consumed by one read */
+    assert_int_equal(read_back(&pr, 0, "m", 1, 0, OWNER_A, "r1", 70), ENGINE_OK);
+    assert_int_equal(read_back(&pr, 0, "m", 1, 0, OWNER_A, "r1", 70), ENGINE_ERR_NOT_FOUND);
+    assert_int_equal(read_back(&pr, 2, "m", 1, 0, OWNER_A, "r1", 0), ENGINE_ERR_NOT_FOUND);
+    /* free_lookup_locks hands back chunk 1's lock; end_session forgets the session */
+    assert_int_equal(engine_lookup_release(&eng, OWNER_A, "r1", 0, 4, -1), 1);
+    assert_int_equal(read_back(&pr, 1, "m", 1, 0, OWNER_A, "r1", 71), ENGINE_ERR_NOT_FOUND);
+    engine_end_session(&eng, OWNER_A, "r1");
+    engine_end_session(&eng, OWNER_A, "r1"); /* unknown: nothing happens */
+    /* a cleared L1 holds nothing the session could have pinned */
+    assert_int_equal(engine_clear_l1(&eng) >= 2, 1);
+}
+
+static void test_lookup_stops_at_the_first_chunk_missing_a_rank(void **state) {
+    (void)state;
+    char err[256];
+    struct prompt pr;
+    struct src s = {90, UINT32_MAX};
+    struct engine_store_result res;
+    uint32_t hits = 0;
+    prompt_init(&pr, 0xd0, 0, 2);
+    assert_int_equal(store(&pr, "m", 2, 0, &s, &res), ENGINE_OK); /* chunks 0, 1 of rank 0 */
+    prompt_init(&pr, 0xd0, 0, 1);
+    assert_int_equal(store(&pr, "m", 2, 1, &s, &res), ENGINE_OK); /* chunk 0 of rank 1 */
+    prompt_init(&pr, 0xd0, 0, 2);
+    assert_int_equal(
+        engine_lookup(&eng, OWNER_A, "r2", &pr.p, "m", 2, 3, clock_mono_ns(), err, sizeof(err)),
+        ENGINE_OK);
+    assert_int_equal(engine_lookup_status(&eng, OWNER_A, "r2", &hits), 1);
+    assert_int_equal(hits, 1);
+    /* three readers: three locks on each rank of chunk 0 */
+    assert_int_equal(engine_lookup_release(&eng, OWNER_A, "r2", 0, 2, 1), 3);
+    assert_int_equal(engine_lookup_release(&eng, OWNER_A, "r2", 0, 2, -1), 3);
+    /* left open on purpose: engine_destroy releases what a session still holds */
+    assert_int_equal(
+        engine_lookup(&eng, OWNER_A, "r3", &pr.p, "m", 2, 1, clock_mono_ns(), err, sizeof(err)),
+        ENGINE_OK);
+}
+
+static void test_l2_calls_without_l2(void **state) {
+    (void)state;
+    char err[256];
+    uint64_t id = 0, found, total;
+    size_t nch = 7;
+    uint32_t tokens[64] = {0};
+    assert_int_equal(engine_l2_find(&eng, NULL), ENGINE_ERR_NO_L2);
+    assert_int_equal(engine_reconfigurable_count(&eng, "dax"), 0);
+    assert_null(engine_reconfigure_status(&eng, "dax", 0));
+    assert_int_equal(engine_warm_prefetch_poll(&eng, 1, &found, &total), ENGINE_ERR_NOT_FOUND);
+    /* no engine registered a layout for the model: that is reported first */
+    assert_int_equal(
+        engine_warm_prefetch(&eng, "m", 1, "", tokens, 64, &id, &nch, err, sizeof(err)),
+        ENGINE_ERR_NO_LAYOUT);
+    assert_int_equal(nch, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_store_then_read),
+        cmocka_unit_test(test_failed_source_keeps_the_chunks_before),
+        cmocka_unit_test(test_lookup_session_holds_and_releases),
+        cmocka_unit_test(test_lookup_stops_at_the_first_chunk_missing_a_rank),
+        cmocka_unit_test(test_l2_calls_without_l2),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
