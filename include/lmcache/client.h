@@ -149,10 +149,10 @@ typedef struct lmc_kv_context lmc_kv_context;
 
 /* Creates (or reuses) the POSIX shared-memory object (mode 0600), sizes it with ftruncate to
  * lmc_kv_total_bytes + LMC_KV_PROOF_PAGE, maps the layout, and sends register_kv_cache,
- * answering the server's proof-of-access challenge (it writes the nonce into the proof page
- * after the layout and registers again). On success *out owns the mapping; the caller writes
- * and reads engine blocks through lmc_kv_base(). On failure nothing is left behind (an object
- * this call created is unlinked). */
+ * answering the server's proof-of-access challenge (it writes the nonce into the proof page,
+ * the object's last 4096 bytes, and registers again). On success *out owns the mapping; the caller
+ * writes and reads engine blocks through lmc_kv_base(). On failure nothing is left behind (an
+ * object this call created is unlinked). */
 #define LMC_KV_PROOF_PAGE 4096u
 LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args *a,
                                          lmc_kv_context **out, lmc_error *err);

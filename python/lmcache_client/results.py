@@ -4,7 +4,7 @@ from typing import List, Optional
 
 LAYER_MAJOR = "layer_major"
 BLOCK_MAJOR = "block_major"
-PROOF_PAGE = 4096  # bytes after the layout that carry the proof-of-access nonce
+PROOF_PAGE = 4096  # the object's last bytes, after the layout: the proof-of-access page
 
 
 @dataclass(frozen=True)

@@ -899,10 +899,10 @@ static lmc_status write_proof(const lmc_reply *r, int fd, const char *shm_name, 
     const msgpack_object *nonce = lmcc_map_get(r->map, "nonce");
     uint64_t off = 0;
     if (!nonce || nonce->type != MSGPACK_OBJECT_BIN || nonce->via.bin.size != 32 ||
-        !lmc_reply_get_u64(r, "proof_offset", &off) || off != layout) {
+        !lmc_reply_get_u64(r, "proof_offset", &off) || off < layout) {
         lmcc_set_error(err, LMC_ERR_PROTOCOL,
                        "proof_required reply without a 32-byte nonce at "
-                       "the end of the layout");
+                       "the end of the object");
         return LMC_ERR_PROTOCOL;
     }
     int own = fd < 0;

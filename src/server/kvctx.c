@@ -225,6 +225,17 @@ static void add_owner(struct kv_context *c, const unsigned char *peer) {
     memcpy(c->owners[c->nowners++], peer, KV_PEER_KEY);
 }
 
+/* 1 when a registered context maps the object st names beyond off. */
+static int tail_mapped(struct kv_registry *r, const struct stat *st, uint64_t off) {
+    int hit = 0;
+    pthread_mutex_lock(&r->lock);
+    for (struct kv_context *o = r->head; o && !hit; o = o->next)
+        hit = o->shm_dev == (uint64_t)st->st_dev && o->shm_ino == (uint64_t)st->st_ino &&
+              o->map_size > off;
+    pthread_mutex_unlock(&r->lock);
+    return hit;
+}
+
 int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const struct kv_auth *auth,
                    uint64_t now_ns, unsigned char nonce[KV_PROOF_NONCE], uint64_t *proof_offset,
                    char *err, size_t errlen) {
@@ -246,24 +257,38 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     struct stat st;
     int fd = open_checked(tmpl->shm_name, auth, &st, err, errlen);
     if (fd < 0) return -1;
-    uint64_t want = need + (auth->need_proof ? KV_PROOF_PAGE : 0);
-    if ((uint64_t)st.st_size < want) {
+    /* The proof page is the object's last KV_PROOF_PAGE bytes, and no layout may reach into
+     * it: the daemon copies only within layouts, so it never writes where a proof is read (a
+     * proof page placed after a layout the client chooses could be made to cover bytes the
+     * daemon itself wrote, e.g. a retrieve of chunks another client stored). */
+    uint64_t tail = auth->reserve_proof_page || auth->need_proof ? KV_PROOF_PAGE : 0;
+    if ((uint64_t)st.st_size < need + tail) {
         errbuf_set(err, errlen, "shared memory '%s' holds %lld bytes, the layout needs %llu%s",
-                   tmpl->shm_name, (long long)st.st_size, (unsigned long long)want,
-                   auth->need_proof ? " (with the 4096-byte proof page)" : "");
+                   tmpl->shm_name, (long long)st.st_size, (unsigned long long)(need + tail),
+                   tail ? " (with the 4096-byte proof page at its end)" : "");
         goto out;
     }
     if (auth->need_proof) {
-        int ok = proof_ok(fd, auth, &st, need, now_ns, nonce);
+        uint64_t off = (uint64_t)st.st_size - KV_PROOF_PAGE;
+        if (tail_mapped(r, &st, off)) {
+            /* a live registration maps the last page (the object shrank since): the daemon may
+             * have written there, so nothing found there proves anything */
+            errbuf_set(err, errlen,
+                       "shared memory '%s' is registered with a layout reaching into its last "
+                       "4096 bytes (was it shrunk?): no proof of access is possible",
+                       tmpl->shm_name);
+            goto out;
+        }
+        int ok = proof_ok(fd, auth, &st, off, now_ns, nonce);
         if (ok < 0) {
             errbuf_set(err, errlen, "cannot compute the proof nonce");
             goto out;
         }
         if (ok == 0) {
-            *proof_offset = need;
+            *proof_offset = off;
             errbuf_set(err, errlen,
                        "write the nonce at byte %llu of '%s' and register again to prove access",
-                       (unsigned long long)need, tmpl->shm_name);
+                       (unsigned long long)off, tmpl->shm_name);
             rc = KV_REG_NEED_PROOF;
             goto out;
         }

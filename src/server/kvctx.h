@@ -75,6 +75,9 @@ struct kv_auth {
     const char *const *prefixes;  /* allowed shm_name prefixes; none: any valid name */
     size_t n_prefixes;
     int need_proof;                  /* the client must write the nonce into the proof page */
+    int reserve_proof_page;          /* every layout must end before the object's last page
+                                      * (proofs are accepted for some peers: the daemon must
+                                      * never write where a proof is read) */
     unsigned char peer[KV_PEER_KEY]; /* the connection's identity: binds the nonce to it */
 };
 

@@ -204,6 +204,58 @@ def test_object_without_proof_page_is_refused(dp):
         os.unlink(path)
 
 
+def test_ipc_layout_must_leave_the_proof_page(dp, ipc_dir):
+    """Over ipc no proof is asked, but a layout reaching into the last 4096 bytes is refused
+    (the daemon never writes where a tcp client's proof is read); with --shm-proof never the
+    whole object may be used."""
+    sock = os.path.join(ipc_dir, "dp.sock")
+    for mode, ok in (("tcp", False), ("never", True)):
+        s, _ = dp("--ipc-path", sock, "--shm-proof", mode)
+        c = DPClient("ipc://" + sock, timeout_ms=10000)
+        name, path = shm_object(size=LAYOUT_BYTES)
+        try:
+            r = reg(c, name)
+            assert r["ok"] is ok, r
+            if not ok:
+                assert r["code"] == "shm_error" and "proof page" in r["message"], r
+        finally:
+            c.close()
+            os.unlink(path)
+            assert s.stop() == 0
+
+
+def test_proof_cannot_be_planted_by_the_daemon(dp):
+    """The proof page is the object's last page, whatever layout a client names. Before, it
+    followed the layout the client chose: an attacker could store its nonce as a chunk with
+    store_bytes, wait for the victim to retrieve that chunk into its blocks, then register the
+    victim's object with a layout ending exactly there and read or write it."""
+    s, victim = dp()
+    kv = ShmKV()
+    attacker = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        victim.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())
+        r = attacker.raw("register_kv_cache", dict(instance_id=2, model_name="m", **kv.layout()))
+        assert r["code"] == "proof_required", r
+        assert r["proof_offset"] == kv.size  # the last page, not after a chosen layout
+        # the attacker plants its nonce in a chunk and the victim retrieves it into block 0..1
+        chunk_bytes = 2 * 2 * CHUNK * 64
+        toks = prompt(1, 77)
+        assert attacker.call("store_bytes", model_name="m", token_ids=toks,
+                             chunks=[r["nonce"] + bytes(chunk_bytes - 32)])["stored_chunks"] == 1
+        assert victim.call("retrieve", instance_id=1, token_ids=toks,
+                           block_ids=[0, 1])["retrieved_chunks"] == 1
+        assert bytes(kv.mem[0:32]) == r["nonce"]  # planted at offset 0 of the victim's object
+        # a layout whose end falls on the planted bytes cannot serve as a proof page any more
+        for blocks in (1, 2, 63):
+            tiny = dict(kv.layout(), num_blocks=blocks)
+            r2 = attacker.raw("register_kv_cache", dict(instance_id=2, model_name="m", **tiny))
+            assert r2["code"] == "proof_required" and r2["proof_offset"] == kv.size, r2
+        assert_unregistered(attacker, instance=2)
+    finally:
+        attacker.close()
+        kv.close()
+
+
 def test_another_connections_proof_does_not_count(dp):
     """An engine proves access to its own object; a second connection that cannot write the
     object is still asked for its own nonce and stays unregistered."""
@@ -292,7 +344,8 @@ def test_ipc_peer_must_own_the_object(dp, ipc_dir):
     s, _ = dp("--ipc-path", sock)
     os.chmod(sock, 0o666)
     ep = "ipc://" + sock
-    mine, mpath = shm_object(size=LAYOUT_BYTES, owner=NOBODY)  # no proof page needed over ipc
+    # no proof is asked over ipc, but the proof page is still reserved at the end
+    mine, mpath = shm_object(owner=NOBODY)
     root, rpath = shm_object(size=LAYOUT_BYTES)
     try:
         r = ipc_register(ep, root, NOBODY)

@@ -266,6 +266,7 @@ static int register_checked(struct op_ctx *o, const struct kv_context *c) {
     a.prefixes = prefixes;
     a.need_proof =
         !strcmp(cfg->shm_proof, "always") || (!strcmp(cfg->shm_proof, "tcp") && !a.has_cred);
+    a.reserve_proof_page = strcmp(cfg->shm_proof, "never") != 0;
     memcpy(a.peer, owner_of(o), KV_PEER_KEY);
     unsigned char nonce[KV_PROOF_NONCE];
     uint64_t off = 0;
