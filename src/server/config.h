@@ -79,6 +79,11 @@ enum opt_type {
       "Largest data-plane request payload in MiB")                                                 \
     X(max_reply_mb, "max-reply-mb", OPT_INT, "mp", "0", 0, 65536, NULL, 0,                         \
       "Largest data-plane reply (retrieve_bytes) in MiB; 0: the same as --max-message-mb")         \
+    X(session_mb_per_client, "session-mb-per-client", OPT_INT, "mp", "256", 1, 1048576, NULL, 0,   \
+      "Memory the open lookup sessions of one connection may hold (MiB); a lookup past it is "     \
+      "too_large")                                                                                 \
+    X(session_mb, "session-mb", OPT_INT, "mp", "1024", 1, 1048576, NULL, 0,                        \
+      "Memory all open lookup sessions may hold (MiB)")                                            \
     X(max_request_objects, "max-request-objects", OPT_INT, "mp", "65536", 1, 16777216, NULL, 0,    \
       "Objects (chunks of the range x ranks) one data-plane request may name")                     \
     X(worker_queue_mb, "worker-queue-mb", OPT_INT, "mp", "256", 1, 65536, NULL, 0,                 \

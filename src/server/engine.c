@@ -848,7 +848,20 @@ int engine_lookup(struct engine *e, const uint8_t *owner, const char *rid,
     if (c < nch && e->l2ctl)
         tk = ticket_new(e, p, p->start_chunk + c, model, world_size, readers, s);
     s->job_ready = tk == NULL;
-    struct session *old = session_put(&e->sessions, s);
+    struct session *old;
+    size_t mib = 1u << 20;
+    if (session_put(&e->sessions, s, (size_t)e->cfg->session_mb_per_client * mib,
+                    (size_t)e->cfg->session_mb * mib, &old) < 0) {
+        if (old) session_release(e, old, 0);
+        ticket_free(tk);
+        session_release(e, s, 0);
+        errbuf_set(err, errlen,
+                   "lookup sessions would hold more than --session-mb-per-client (%ld MiB for "
+                   "this connection) or --session-mb (%ld MiB in all): end sessions "
+                   "(end_session, retrieve, free_lookup_locks) before starting more",
+                   e->cfg->session_mb_per_client, e->cfg->session_mb);
+        return ENGINE_ERR_LIMIT;
+    }
     if (old) session_release(e, old, 0);
     if (tk) {
         uint64_t gen = tk->gen;

@@ -111,6 +111,7 @@ struct engine {
 #define ENGINE_ERR_BAD_TOKEN      (-11) /* a malformed page token */
 #define ENGINE_ERR_NO_LAYOUT      (-12) /* no KV layout registered for (model, world size) */
 #define ENGINE_ERR_UNAVAILABLE    (-13) /* L2 refused the request (shutting down, queue full) */
+#define ENGINE_ERR_LIMIT          (-14) /* the request would take a per-client limit past it */
 
 #define ENGINE_REQUEST_ID_MAX SESSION_ID_MAX /* bytes of a lookup's request id */
 #define ENGINE_OWNER_LEN      SESSION_OWNER  /* bytes of the key of a connection */

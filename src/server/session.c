@@ -12,6 +12,38 @@ static uint32_t bucket_of(const uint8_t *owner, const char *id) {
     return h % SESSION_BUCKETS;
 }
 
+/* Caller holds t->lock. The owner's record (created when create is set), or NULL. */
+static struct session_owner *do_owner(struct session_table *t, const uint8_t *owner, int create) {
+    uint32_t b = bucket_of(owner, "");
+    for (struct session_owner *o = t->owners[b]; o; o = o->next)
+        if (memcmp(o->owner, owner, SESSION_OWNER) == 0) return o;
+    if (!create) return NULL;
+    struct session_owner *o = calloc(1, sizeof(*o));
+    if (!o) return NULL;
+    memcpy(o->owner, owner, SESSION_OWNER);
+    o->next = t->owners[b];
+    t->owners[b] = o;
+    return o;
+}
+
+/* Caller holds t->lock. s leaves the table: its memory no longer counts. */
+static void do_uncount(struct session_table *t, const struct session *s) {
+    t->count--;
+    if (!s->job_reported) t->jobs--;
+    t->bytes -= s->bytes;
+    uint32_t b = bucket_of(s->owner, "");
+    for (struct session_owner **pp = &t->owners[b]; *pp; pp = &(*pp)->next) {
+        struct session_owner *o = *pp;
+        if (memcmp(o->owner, s->owner, SESSION_OWNER) != 0) continue;
+        o->bytes -= s->bytes;
+        if (--o->sessions == 0) {
+            *pp = o->next;
+            free(o);
+        }
+        return;
+    }
+}
+
 void session_table_init(struct session_table *t) {
     memset(t, 0, sizeof(*t));
     pthread_mutex_init(&t->lock, NULL);
@@ -34,7 +66,14 @@ struct session *session_table_drain(struct session_table *t) {
             all = s;
         }
     }
-    t->count = t->jobs = 0;
+    for (size_t b = 0; b < SESSION_BUCKETS; b++) {
+        while (t->owners[b]) {
+            struct session_owner *o = t->owners[b];
+            t->owners[b] = o->next;
+            free(o);
+        }
+    }
+    t->count = t->jobs = t->bytes = 0;
     pthread_mutex_unlock(&t->lock);
     return all;
 }
@@ -56,8 +95,7 @@ static struct session *do_unlink(struct session_table *t, const uint8_t *owner, 
             struct session *s = *pp;
             *pp = s->next;
             s->next = NULL;
-            t->count--;
-            if (!s->job_reported) t->jobs--;
+            do_uncount(t, s);
             return s;
         }
     }
@@ -71,16 +109,36 @@ static struct session *do_find(struct session_table *t, const uint8_t *owner, co
     return NULL;
 }
 
-struct session *session_put(struct session_table *t, struct session *s) {
+int session_put(struct session_table *t, struct session *s, size_t max_owner_bytes,
+                size_t max_bytes, struct session **old) {
+    s->bytes = sizeof(*s) + (size_t)s->nchunks * s->world_size * sizeof(*s->objs);
+    *old = NULL;
     pthread_mutex_lock(&t->lock);
-    struct session *old = do_unlink(t, s->owner, s->id);
+    struct session *prev = do_find(t, s->owner, s->id);
+    size_t replaced = prev ? prev->bytes : 0;
+    const struct session_owner *known = do_owner(t, s->owner, 0);
+    size_t owner_bytes = known ? known->bytes : 0;
+    if ((max_owner_bytes && owner_bytes - replaced + s->bytes > max_owner_bytes) ||
+        (max_bytes && t->bytes - replaced + s->bytes > max_bytes)) {
+        pthread_mutex_unlock(&t->lock);
+        return -1;
+    }
+    if (prev) *old = do_unlink(t, s->owner, s->id); /* may drop the owner's record */
+    struct session_owner *o = do_owner(t, s->owner, 1);
+    if (!o) {
+        pthread_mutex_unlock(&t->lock);
+        return -1;
+    }
     uint32_t b = bucket_of(s->owner, s->id);
     s->next = t->buckets[b];
     t->buckets[b] = s;
     t->count++;
     if (!s->job_reported) t->jobs++;
+    t->bytes += s->bytes;
+    o->bytes += s->bytes;
+    o->sessions++;
     pthread_mutex_unlock(&t->lock);
-    return old;
+    return 0;
 }
 
 struct session *session_remove(struct session_table *t, const uint8_t *owner, const char *id) {
@@ -174,8 +232,7 @@ struct session *session_expire(struct session_table *t, uint64_t before_ns) {
             struct session *s = *pp;
             if (s->created_ns < before_ns) {
                 *pp = s->next;
-                t->count--;
-                if (!s->job_reported) t->jobs--;
+                do_uncount(t, s);
                 s->next = dead;
                 dead = s;
             } else {

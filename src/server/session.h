@@ -36,14 +36,25 @@ struct session {
     uint32_t hit_chunks;
     uint64_t created_ns;
     uint64_t gen; /* unique per lookup: a late L2 result finds out whether its session is gone */
+    size_t bytes; /* what it holds in memory, counted against its owner's and the table's limit */
     struct session *next;
+};
+
+/* What one connection's sessions hold. */
+struct session_owner {
+    uint8_t owner[SESSION_OWNER];
+    size_t bytes;
+    size_t sessions;
+    struct session_owner *next;
 };
 
 struct session_table {
     pthread_mutex_t lock;
     struct session *buckets[SESSION_BUCKETS];
+    struct session_owner *owners[SESSION_BUCKETS];
     size_t count; /* sessions */
     size_t jobs;  /* prefetch jobs not yet reported */
+    size_t bytes; /* held by all sessions */
 };
 
 void session_table_init(struct session_table *t);
@@ -51,10 +62,13 @@ void session_table_init(struct session_table *t);
 struct session *session_table_drain(struct session_table *t);
 void session_table_destroy(struct session_table *t);
 
-/* Inserts s (owned by the table from now on). Returns the session it replaces (same owner and
- * id), which
- * the caller must release and free, or NULL. */
-struct session *session_put(struct session_table *t, struct session *s);
+/* Inserts s (owned by the table from now on); *old is the session it replaces (same owner and
+ * id), which the caller must release and free, or NULL. A session's memory (s->bytes, set
+ * here) counts against its owner (max_owner_bytes) and against the table (max_bytes; 0: no
+ * limit): when it would take either past its limit, -1 and nothing changed (s stays the
+ * caller's). Else 0. */
+int session_put(struct session_table *t, struct session *s, size_t max_owner_bytes,
+                size_t max_bytes, struct session **old);
 /* Removes and returns the session (the caller releases its locks and frees it), or NULL. */
 struct session *session_remove(struct session_table *t, const uint8_t *owner, const char *id);
 void session_free(struct session *s);

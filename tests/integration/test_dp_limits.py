@@ -240,3 +240,26 @@ def test_salt_and_model_must_be_utf8_text(srv):
     body = s.get("/metrics").text
     assert 'cache_salt="café-租户"' in body
     promtool_clean(body)
+
+
+def test_open_lookup_sessions_are_held_to_a_memory_budget(srv):
+    # Regression: every lookup kept its session (about 52 bytes per object of its range) until
+    # ended or expired (600 s), without any cap: 200 lookups of 16,384 hashes grew the server by
+    # 165 MB, and nothing stopped more.
+    s, w = srv("--session-mb-per-client", "4", "--session-mb", "5")
+    h = hashes(16384)  # ~850 KB of session each
+    for i in range(4):
+        w.ok("lookup", request_id=f"r{i}", model_name=MODEL, chunk_hashes=h)
+    r = w.err("lookup", "too_large", request_id="r4", model_name=MODEL, chunk_hashes=h)
+    assert "--session-mb-per-client" in r["message"]
+    # replacing a session of the same id is within the budget; ending one makes room
+    w.ok("lookup", request_id="r0", model_name=MODEL, chunk_hashes=h)
+    w.ok("end_session", request_id="r1")
+    w.ok("lookup", request_id="r4", model_name=MODEL, chunk_hashes=h)
+    # another connection has its own budget, up to the table's (5 MiB in all)
+    other = Wire(s.zmq_port)
+    other.ok("lookup", request_id="x0", model_name=MODEL, chunk_hashes=h)
+    other.ok("lookup", request_id="x1", model_name=MODEL, chunk_hashes=h)
+    r = other.err("lookup", "too_large", request_id="x2", model_name=MODEL, chunk_hashes=h)
+    assert "--session-mb" in r["message"]
+    assert s.get("/status").json()["active_sessions"] == 6

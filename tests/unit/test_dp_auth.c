@@ -239,7 +239,9 @@ static void test_sessions_are_per_owner(void **state) {
     uint8_t a[SESSION_OWNER], b[SESSION_OWNER];
     memset(a, 1, sizeof(a));
     memset(b, 2, sizeof(b));
-    assert_null(session_put(&t, new_session("r", 1, key)));
+    struct session *old = NULL;
+    assert_int_equal(session_put(&t, new_session("r", 1, key), 0, 0, &old), 0);
+    assert_null(old);
     uint32_t hits = 9, released = 0;
     /* another owner: unknown id, and nothing of a's is consumed */
     assert_int_equal(session_query(&t, b, "r", &hits), 1);
@@ -248,7 +250,8 @@ static void test_sessions_are_per_owner(void **state) {
     assert_int_equal(session_release_range(&t, b, "r", 0, 1, -1, count_release, &released), 0);
     assert_null(session_remove(&t, b, "r"));
     /* the same id from b is a session of its own, not a replacement */
-    assert_null(session_put(&t, new_session("r", 2, key)));
+    assert_int_equal(session_put(&t, new_session("r", 2, key), 0, 0, &old), 0);
+    assert_null(old);
     size_t n, jobs;
     session_counts(&t, &n, &jobs);
     assert_int_equal(n, 2);
@@ -266,8 +269,54 @@ static void test_sessions_are_per_owner(void **state) {
     session_table_destroy(&t);
 }
 
+/* A connection's sessions are held to max_owner_bytes, all of them to max_bytes; replacing a
+ * session of the same id counts only the difference; what leaves the table stops counting. */
+static void test_session_memory_limits(void **state) {
+    (void)state;
+    struct session_table t;
+    session_table_init(&t);
+    struct l1_key key;
+    memset(&key, 7, sizeof(key));
+    struct session *probe = new_session("p", 1, key), *old = NULL;
+    assert_int_equal(session_put(&t, probe, 0, 0, &old), 0);
+    size_t one = probe->bytes; /* what one such session holds */
+    session_free(session_remove(&t, probe->owner, "p"));
+    assert_int_equal(t.bytes, 0);
+    char id[8];
+    for (int i = 0; i < 3; i++) { /* owner 1 may hold three */
+        snprintf(id, sizeof(id), "a%d", i);
+        assert_int_equal(session_put(&t, new_session(id, 1, key), 3 * one, 5 * one, &old), 0);
+    }
+    struct session *extra = new_session("a3", 1, key);
+    assert_int_equal(session_put(&t, extra, 3 * one, 5 * one, &old), -1);
+    session_free(extra);
+    /* the same id replaces: within the limit */
+    assert_int_equal(session_put(&t, new_session("a0", 1, key), 3 * one, 5 * one, &old), 0);
+    assert_non_null(old);
+    session_free(old);
+    /* owner 2: two fit under the table's limit, a third does not */
+    for (int i = 0; i < 2; i++) {
+        snprintf(id, sizeof(id), "b%d", i);
+        assert_int_equal(session_put(&t, new_session(id, 2, key), 3 * one, 5 * one, &old), 0);
+    }
+    extra = new_session("b2", 2, key);
+    assert_int_equal(session_put(&t, extra, 3 * one, 5 * one, &old), -1);
+    session_free(extra);
+    /* once owner 1's sessions expire, there is room again */
+    struct session *dead = session_expire(&t, UINT64_MAX);
+    while (dead) {
+        struct session *n = dead->next;
+        session_free(dead);
+        dead = n;
+    }
+    assert_int_equal(t.bytes, 0);
+    assert_int_equal(session_put(&t, new_session("b2", 2, key), 3 * one, 5 * one, &old), 0);
+    session_table_destroy(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_session_memory_limits),
         cmocka_unit_test(test_shm_names),
         cmocka_unit_test(test_peercred),
         cmocka_unit_test(test_register_refuses_non_regular_files),

@@ -39,6 +39,7 @@ static int engine_fail(struct op_ctx *o, int rc) {
                    : rc == ENGINE_ERR_INVAL          ? DP_BAD_REQUEST
                    : rc == ENGINE_ERR_SOURCE         ? DP_SHM_ERROR
                    : rc == ENGINE_ERR_NOT_FOUND      ? DP_NOT_FOUND
+                   : rc == ENGINE_ERR_LIMIT          ? DP_TOO_LARGE
                                                      : DP_INTERNAL;
     return -1;
 }
