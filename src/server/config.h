@@ -79,6 +79,10 @@ enum opt_type {
       "Largest data-plane request payload in MiB")                                                 \
     X(max_reply_mb, "max-reply-mb", OPT_INT, "mp", "0", 0, 65536, NULL, 0,                         \
       "Largest data-plane reply (retrieve_bytes) in MiB; 0: the same as --max-message-mb")         \
+    X(max_kv_registrations_per_client, "max-kv-registrations-per-client", OPT_INT, "mp", "64", 1,  \
+      65536, NULL, 0, "Shared-memory KV caches one data-plane connection may have registered")     \
+    X(max_kv_registrations, "max-kv-registrations", OPT_INT, "mp", "1024", 1, 65536, NULL, 0,      \
+      "Shared-memory KV caches registered in all (each is a mapping of the server's)")             \
     X(session_mb_per_client, "session-mb-per-client", OPT_INT, "mp", "256", 1, 1048576, NULL, 0,   \
       "Memory the open lookup sessions of one connection may hold (MiB); a lookup past it is "     \
       "too_large")                                                                                 \

@@ -911,8 +911,9 @@ struct kv_context *engine_context_get(struct engine *e, int64_t instance_id, con
 
 void engine_context_put(struct kv_context *c) { kvreg_put(c); }
 
-int engine_context_ping(struct engine *e, int64_t instance_id, uint64_t now_ns) {
-    return kvreg_ping(&e->contexts, instance_id, now_ns);
+int engine_context_ping(struct engine *e, int64_t instance_id, const uint8_t *owner,
+                        uint64_t now_ns) {
+    return kvreg_ping(&e->contexts, instance_id, owner, now_ns);
 }
 
 struct block_read {

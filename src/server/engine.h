@@ -221,7 +221,8 @@ struct kv_context *engine_context_get(struct engine *e, int64_t instance_id, con
                                       uint64_t now_ns);
 void engine_context_put(struct kv_context *c);
 /* ping: refreshes liveness; 0, or -1 when unknown. */
-int engine_context_ping(struct engine *e, int64_t instance_id, uint64_t now_ns);
+int engine_context_ping(struct engine *e, int64_t instance_id, const uint8_t *owner,
+                        uint64_t now_ns);
 /* POST /cache/checksums: calls fn(arg, bytes, len) for layers [l0, l1), K then V, each of the n
  * blocks in turn, under the SIGBUS guard. 0, -1 when the mapping shrank, or fn's nonzero. */
 int engine_context_read_blocks(struct engine *e, const struct kv_context *c, const uint32_t *ids,

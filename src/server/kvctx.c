@@ -309,8 +309,28 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
             break;
         }
     }
+    /* A new mapping: within the limits? (Each costs page tables and a mapping of the daemon's,
+     * whatever the object's owner.) The registration it replaces does not count. */
+    size_t mine = 0, total = 0;
+    if (rc != 0) {
+        for (struct kv_context *o = r->head; o; o = o->next) {
+            if (o->instance_id == tmpl->instance_id) continue;
+            total++;
+            if (is_owner(o, auth->peer)) mine++;
+        }
+    }
     pthread_mutex_unlock(&r->lock);
     if (rc == 0) goto out;
+    if ((auth->max_per_peer && mine >= auth->max_per_peer) ||
+        (auth->max_total && total >= auth->max_total)) {
+        errbuf_set(err, errlen,
+                   "%zu KV caches registered by this connection, %zu in all: the limit is %zu per "
+                   "connection and %zu in all (--max-kv-registrations-per-client, "
+                   "--max-kv-registrations)",
+                   mine, total, auth->max_per_peer, auth->max_total);
+        rc = KV_REG_LIMIT;
+        goto out;
+    }
 
     c = calloc(1, sizeof(*c));
     if (!c) {
@@ -395,11 +415,12 @@ struct kv_context *kvreg_get_for(struct kv_registry *r, int64_t instance_id,
     return found;
 }
 
-int kvreg_ping(struct kv_registry *r, int64_t instance_id, uint64_t now_ns) {
+int kvreg_ping(struct kv_registry *r, int64_t instance_id, const unsigned char *peer,
+               uint64_t now_ns) {
     int rc = -1;
     pthread_mutex_lock(&r->lock);
     for (struct kv_context *c = r->head; c; c = c->next) {
-        if (c->instance_id == instance_id) {
+        if (c->instance_id == instance_id && (!peer || is_owner(c, peer))) {
             atomic_store(&c->last_seen_ns, now_ns);
             c->pinged = 1;
             rc = 0;

@@ -79,10 +79,13 @@ struct kv_auth {
                                       * (proofs are accepted for some peers: the daemon must
                                       * never write where a proof is read) */
     unsigned char peer[KV_PEER_KEY]; /* the connection's identity: binds the nonce to it */
+    size_t max_per_peer;             /* registrations one connection may own (0: no limit) */
+    size_t max_total;                /* registrations in all (0: no limit) */
 };
 
 /* Outcomes of kvreg_register besides 0 (registered) and -1 (refused: shm_error). */
 #define KV_REG_BAD_NAME   (-2) /* shm_name is not a valid name: bad_request */
+#define KV_REG_LIMIT      (-3) /* max_per_peer or max_total reached: too_large */
 #define KV_REG_NEED_PROOF 1    /* nonce and *proof_offset set: the client writes it and retries */
 
 /* 0 when name is "/" + 1..200 of [A-Za-z0-9._-], not "." or ".."; else -1 with a message. */
@@ -105,8 +108,10 @@ struct kv_context *kvreg_get(struct kv_registry *r, int64_t instance_id, uint64_
 struct kv_context *kvreg_get_for(struct kv_registry *r, int64_t instance_id,
                                  const unsigned char *peer, uint64_t now_ns);
 void kvreg_put(struct kv_context *c);
-/* ping: refreshes liveness; 0, or -1 when unknown. */
-int kvreg_ping(struct kv_registry *r, int64_t instance_id, uint64_t now_ns);
+/* ping: refreshes liveness; 0, or -1 when unknown or (peer not NULL) not registered by that
+ * connection (a stranger's pings must not keep a registration alive). */
+int kvreg_ping(struct kv_registry *r, int64_t instance_id, const unsigned char *peer,
+               uint64_t now_ns);
 /* Drops registrations silent for longer than timeout_ns (grace_ns if never pinged). Returns
  * how many were dropped. */
 size_t kvreg_reap(struct kv_registry *r, uint64_t now_ns, uint64_t timeout_ns, uint64_t grace_ns);

@@ -493,3 +493,46 @@ def test_protocol_doc_example_registers_with_proof(make_server):
     finally:
         if os.path.exists("/dev/shm/" + name):
             os.unlink("/dev/shm/" + name)
+
+
+def test_registrations_are_capped_per_connection_and_in_all(dp):
+    """Regression: registrations had no cap; each maps (and populates) the whole object in the
+    daemon, so one client could exhaust its page tables and mappings."""
+    s, c = dp("--max-kv-registrations-per-client", "2", "--max-kv-registrations", "3")
+    kv = ShmKV()
+    other = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        for i in (1, 2):
+            c.call("register_kv_cache", instance_id=i, model_name="m", **kv.layout())
+        r = register(c.raw, dict(instance_id=3, model_name="m", **kv.layout()))
+        assert r["code"] == "too_large" and "per connection" in r["message"], r
+        c.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())  # a refresh
+        other.call("register_kv_cache", instance_id=4, model_name="m", **kv.layout())
+        r = register(other.raw, dict(instance_id=5, model_name="m", **kv.layout()))
+        assert r["code"] == "too_large" and "in all" in r["message"], r
+        c.call("unregister_kv_cache", instance_id=2)
+        other.call("register_kv_cache", instance_id=5, model_name="m", **kv.layout())
+    finally:
+        other.close()
+        kv.close()
+
+
+def test_a_strangers_pings_do_not_keep_a_registration_alive(dp):
+    s, owner = dp("--worker-reap-timeout-seconds", "1", "--worker-registration-grace-seconds", "1")
+    kv = ShmKV()
+    stranger = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        owner.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())
+        owner.call("ping", instance_id=1)
+        # only the stranger speaks for 4 s (the reap timeout is 1 s); any store of the owner's
+        # would itself count as a sign of life, so it comes once, at the end
+        t = __import__("time")
+        end = t.monotonic() + 4
+        while t.monotonic() < end:
+            stranger.call("ping", instance_id=1)
+            t.sleep(0.2)
+        r = owner.raw("store", dict(instance_id=1, token_ids=prompt(1, 3), block_ids=[0, 1]))
+        assert r.get("code") == "not_registered", r
+    finally:
+        stranger.close()
+        kv.close()

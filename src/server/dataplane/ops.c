@@ -11,6 +11,7 @@
 #include "base/errbuf.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/ratelimit.h"
 #include "server/dataplane/dataplane.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
@@ -268,6 +269,8 @@ static int register_checked(struct op_ctx *o, const struct kv_context *c) {
     a.need_proof =
         !strcmp(cfg->shm_proof, "always") || (!strcmp(cfg->shm_proof, "tcp") && !a.has_cred);
     a.reserve_proof_page = strcmp(cfg->shm_proof, "never") != 0;
+    a.max_per_peer = (size_t)cfg->max_kv_registrations_per_client;
+    a.max_total = (size_t)cfg->max_kv_registrations;
     memcpy(a.peer, owner_of(o), KV_PEER_KEY);
     unsigned char nonce[KV_PROOF_NONCE];
     uint64_t off = 0;
@@ -282,10 +285,17 @@ static int register_checked(struct op_ctx *o, const struct kv_context *c) {
         dp_put_int(o->r, "proof_offset", (int64_t)off);
         return -1;
     }
-    o->err->code = rc == KV_REG_BAD_NAME ? DP_BAD_REQUEST : DP_SHM_ERROR;
-    if (rc != KV_REG_BAD_NAME)
-        log_warn(o->e->lg_dp, "register_kv_cache of instance %lld refused: %s",
-                 (long long)c->instance_id, o->err->message);
+    o->err->code = rc == KV_REG_BAD_NAME ? DP_BAD_REQUEST
+                   : rc == KV_REG_LIMIT  ? DP_TOO_LARGE
+                                         : DP_SHM_ERROR;
+    /* refusals come at the rate a client chooses */
+    static struct ratelimit refused_log = RATELIMIT_INIT(10.0, 10);
+    unsigned long dropped;
+    if (rc != KV_REG_BAD_NAME && ratelimit_allow(&refused_log, clock_mono(), &dropped))
+        log_warn(o->e->lg_dp,
+                 "register_kv_cache of instance %lld refused: %s (%lu similar "
+                 "refusals not logged)",
+                 (long long)c->instance_id, o->err->message, dropped);
     return -1;
 }
 
@@ -732,7 +742,7 @@ static int op_ping(struct op_ctx *o) {
     int64_t id = -1;
     if (dp_int(o->m, "instance_id", 0, 0, INT64_MAX, &id, o->err) < 0) return -1;
     if (id >= 0) {
-        engine_context_ping(o->e, id, o->now);
+        engine_context_ping(o->e, id, o->peer ? owner_of(o) : NULL, o->now);
         dp_put_int(o->r, "instance_id", id);
     }
     dp_put_double(o->r, "server_time", clock_wall());
