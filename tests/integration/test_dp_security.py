@@ -536,3 +536,27 @@ def test_a_strangers_pings_do_not_keep_a_registration_alive(dp):
     finally:
         stranger.close()
         kv.close()
+
+
+def test_other_clients_locks_cannot_fill_an_objects_reader_count(dp):
+    """Regression: the read-lock count of an object was 16 bits; 64 lookups with
+    num_kv_readers 1024 by any client filled it, and the owner's own lookups and retrieves of
+    that object then missed for the read lease (300 s)."""
+    s, victim = dp()
+    attacker = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        toks = prompt(1, 11)
+        data = bytes(range(256)) * (2 * 2 * CHUNK * 64 // 256)
+        victim.call("store_bytes", model_name="m", token_ids=toks, chunks=[data],
+                    cache_salt="victim")
+        for i in range(70):
+            attacker.call("lookup", request_id=f"pin{i}", model_name="m", token_ids=toks,
+                          cache_salt="victim", num_kv_readers=1024)
+        victim.call("lookup", request_id="mine", model_name="m", token_ids=toks,
+                    cache_salt="victim")
+        st = victim.call("query_prefetch_status", request_id="mine")
+        assert st["ready"] and st["hit_chunks"] == 1, st
+        got = victim.call("retrieve_bytes", model_name="m", token_ids=toks, cache_salt="victim")
+        assert got["chunks"] == [data]
+    finally:
+        attacker.close()

@@ -44,10 +44,10 @@
 #include "base/log.h"
 #include "server/l1/arena.h"
 
-#define ENTRY_MAGIC      0x4c31454eu /* "L1EN" */
+#define ENTRY_MAGIC      0x4c45u     /* "LE" */
 #define L1_MAGIC         0x4c314341u /* "L1CA" */
 #define EVICT_BATCH      8
-#define MAX_READERS      UINT16_MAX
+#define MAX_READERS      UINT32_MAX
 #define MAX_OBJECT_BYTES UINT32_MAX
 
 #ifndef NDEBUG
@@ -67,10 +67,13 @@ enum {
 #define NO_NAME 0xffffu /* the id of a name l1_key_lookup did not find: above every real id */
 
 struct l1_entry {
-    uint32_t magic;
+    uint16_t magic;
     uint8_t state;
     uint8_t flags;
-    uint16_t readers;
+    /* Read locks: 32 bits, so that no client can fill them (sessions are held to a memory
+     * budget, a session locks an object at most once with at most 1024 readers); a 16-bit count
+     * was filled by 64 lookups, making another tenant's objects unreadable. */
+    uint32_t readers;
     struct l1_key key;     /* immutable while in the table */
     struct htab_node hn;   /* bucket chain: stripe lock */
     struct l1_entry *prev; /* list links: LRU lock */
@@ -773,7 +776,7 @@ int l1_finish_write(struct l1 *l1, const struct l1_key *key, uint32_t token, uin
         return L1_ERR_EXPIRED;
     }
     e->state = ST_RESIDENT;
-    e->readers = (uint16_t)(read_locks > MAX_READERS ? MAX_READERS : read_locks);
+    e->readers = read_locks;
     int rc = L1_OK;
     if (e->readers && !do_count_lock(l1, e)) {
         e->readers = 0;
@@ -851,7 +854,7 @@ static int do_take_read(struct l1 *l1, struct l1_entry *e, uint32_t n, uint64_t 
     uint32_t r = e->deadline > now ? e->readers : 0;
     if (n > MAX_READERS - r) return L1_ERR_BUSY;
     if (n && !do_count_lock(l1, e)) return L1_ERR_OVER_QUOTA;
-    e->readers = (uint16_t)(r + n);
+    e->readers = r + n;
     e->deadline = now + l1->cfg.read_ttl_ns;
     return L1_OK;
 }
@@ -919,12 +922,12 @@ int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t
     if (e && e->state == ST_DOOMED && !(e->flags & F_WRITER)) {
         rc = L1_OK;
         uint32_t r = e->deadline > now ? e->readers : 0;
-        e->readers = (uint16_t)(r > n ? r - n : 0);
+        e->readers = r > n ? r - n : 0;
         if (e->readers == 0) do_remove(l1, s, e, h); /* the last user of a cleared object */
     } else if (e && e->state == ST_RESIDENT) {
         rc = L1_OK;
         uint32_t r = e->deadline > now ? e->readers : 0;
-        e->readers = (uint16_t)(r > n ? r - n : 0);
+        e->readers = r > n ? r - n : 0;
         if (e->readers == 0 && (e->flags & F_TEMP)) {
             do_remove(l1, s, e, h);
         } else {
