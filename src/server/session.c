@@ -5,11 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/hash.h"
+
 static uint32_t bucket_of(const uint8_t *owner, const char *id) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < SESSION_OWNER; i++) h = (h ^ owner[i]) * 16777619u;
-    for (; *id; id++) h = (h ^ (uint8_t)*id) * 16777619u;
-    return h % SESSION_BUCKETS;
+    return fnv1a32_add(fnv1a32(owner, SESSION_OWNER), id, strlen(id)) % SESSION_BUCKETS;
 }
 
 /* Caller holds t->lock. The owner's record (created when create is set), or NULL. */

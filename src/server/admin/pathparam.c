@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/errbuf.h"
+#include "base/utf8.h"
+
 static int hexval(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -43,47 +46,13 @@ size_t pathparam_unescape(void *cls, struct MHD_Connection *conn, char *s) {
 }
 
 int pathparam_check_text(const char *s, size_t len, char *err, size_t errlen) {
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < len;) {
-        unsigned c = p[i];
-        size_t n;
-        uint32_t cp, min;
-        if (c < 0x80) {
-            n = 1, cp = c, min = 0;
-        } else if ((c & 0xE0) == 0xC0) {
-            n = 2, cp = c & 0x1F, min = 0x80;
-        } else if ((c & 0xF0) == 0xE0) {
-            n = 3, cp = c & 0x0F, min = 0x800;
-        } else if ((c & 0xF8) == 0xF0) {
-            n = 4, cp = c & 0x07, min = 0x10000;
-        } else {
-            snprintf(err, errlen, "not valid UTF-8 (byte %zu)", i);
-            return -1;
-        }
-        if (n > len - i) {
-            snprintf(err, errlen, "not valid UTF-8 (truncated sequence at byte %zu)", i);
-            return -1;
-        }
-        for (size_t k = 1; k < n; k++) {
-            if ((p[i + k] & 0xC0) != 0x80) {
-                snprintf(err, errlen, "not valid UTF-8 (byte %zu)", i + k);
-                return -1;
-            }
-            cp = cp << 6 | (p[i + k] & 0x3F);
-        }
-        if (n == 2 && cp == 0) {
-            snprintf(err, errlen, "must not contain a NUL character (byte %zu)", i);
-            return -1;
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-            snprintf(err, errlen, "not valid UTF-8 (byte %zu)", i);
-            return -1;
-        }
-        if (cp < 0x20 || (cp >= 0x7F && cp < 0xA0)) {
-            snprintf(err, errlen, "must not contain control characters (byte %zu)", i);
-            return -1;
-        }
-        i += n;
-    }
-    return 0;
+    struct utf8_error e;
+    if (utf8_check(s, len, UTF8_NO_CONTROL, &e) == len) return 0;
+    const char *what = e.reason == UTF8_ENCODED_NUL || e.reason == UTF8_NUL
+                           ? "must not contain a NUL character ("
+                       : e.reason == UTF8_CONTROL   ? "must not contain control characters ("
+                       : e.reason == UTF8_TRUNCATED ? "not valid UTF-8 (truncated sequence at "
+                                                    : "not valid UTF-8 (";
+    errbuf_set(err, errlen, "%sbyte %zu)", what, e.at);
+    return -1;
 }

@@ -27,6 +27,7 @@
 #include <zmq.h>
 
 #include "base/errbuf.h"
+#include "base/hash.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "server/kvctx.h"
@@ -238,16 +239,9 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-static uint32_t hash_bytes(const void *p, size_t n) {
-    const unsigned char *b = p;
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 16777619u;
-    return h;
-}
-
 static void dispatch(struct dataplane *dp, struct dp_req *req) {
     struct worker *w =
-        &dp->workers[hash_bytes(zmq_msg_data(&req->id), zmq_msg_size(&req->id)) % dp->nworkers];
+        &dp->workers[fnv1a32(zmq_msg_data(&req->id), zmq_msg_size(&req->id)) % dp->nworkers];
     req->next = NULL;
     req->w = w;
     req->cost =

@@ -3,6 +3,7 @@
 #include "server/dataplane/wire.h"
 
 #include "base/mpcheck.h"
+#include "base/utf8.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -116,37 +117,7 @@ int dp_bool(const struct dp_map *m, const char *name, int required, int *out, st
 /* Strict UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF) without
  * C0 controls, DEL or C1 controls. */
 size_t dp_text_check(const char *s, size_t len) {
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = p[i];
-        if (c < 0x80) {
-            if (c < 0x20 || c == 0x7f) return i;
-            i++;
-            continue;
-        }
-        size_t n;
-        uint32_t cp, min;
-        if (c >= 0xc2 && c <= 0xdf) {
-            n = 2, cp = c & 0x1f, min = 0x80;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            n = 3, cp = c & 0x0f, min = 0x800;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            n = 4, cp = c & 0x07, min = 0x10000;
-        } else {
-            return i; /* a continuation byte, 0xc0/0xc1 or 0xf5.. */
-        }
-        if (len - i < n) return i;
-        for (size_t k = 1; k < n; k++) {
-            if ((p[i + k] & 0xc0) != 0x80) return i;
-            cp = cp << 6 | (p[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ||
-            (cp >= 0x80 && cp <= 0x9f))
-            return i;
-        i += n;
-    }
-    return len;
+    return utf8_check(s, len, UTF8_NO_CONTROL, NULL);
 }
 
 int dp_str(const struct dp_map *m, const char *name, int required, size_t maxlen, const char **s,
