@@ -8,8 +8,8 @@ PKGS=(
   build-essential cmake pkg-config git clang libclang-rt-14-dev clang-format
   # server
   libmicrohttpd-dev libjansson-dev libzmq3-dev libssl-dev libmsgpack-dev liburing-dev
-  # S3 L2 adapter (libcurl + expat); awscli and nodejs/npm (s3rver) for its tests
-  libcurl4-openssl-dev libexpat1-dev awscli nodejs npm
+  # S3 L2 adapter (libcurl + expat); awscli (and node/npm, below) for its tests
+  libcurl4-openssl-dev libexpat1-dev awscli
   # master
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
   # tests
@@ -25,6 +25,13 @@ for p in "${PKGS[@]}"; do
     missing+=("$p")
   fi
 done
+
+# s3rver (the S3 tests' server) runs on node and installs with npm. They are looked for as
+# commands: a machine may have a Node.js of its own (e.g. a vendor build of nodejs that brings
+# npm itself and conflicts with Debian's npm package); Debian's are installed only when absent.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PKGS[@]} packages present"
