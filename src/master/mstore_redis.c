@@ -1031,6 +1031,11 @@ static bool *dedup(const struct mstore_key *keys, size_t n) {
     return first;
 }
 
+struct mnode {
+    uint32_t node;
+    redisReply *peer;
+};
+
 struct mhit {
     uint32_t idx, node;
     uint8_t tiers;
@@ -1050,7 +1055,8 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
     struct mhit *h = NULL;
     struct batch b = {0};
     uint32_t *slotmap = NULL, *slot = NULL;
-    char **peers = NULL;
+    struct mnode *tab = NULL;
+    size_t *tab0 = NULL;
     if (!first || !sh || !cnt || !cmdof) goto out;
     for (size_t i = 0; i < n; i++)
         if (first[i]) {
@@ -1081,22 +1087,53 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
         rc = 0; /* recorded: the RPC answers UNAVAILABLE */
         goto out;
     }
-    /* Walk the request in order, each key's placements from its shard's reply. */
-    size_t nh = 0, hcap = 64;
+    /* Each shard's node table (interned once per call), then the request in order, each
+     * key's placements from its shard's reply. */
+    size_t nh = 0, hcap = 64, ntab = 0;
+    for (size_t c = 0; c < b.nc; c++) {
+        redisReply *a = b.c[c].rep;
+        if (a->type == REDIS_REPLY_ARRAY && a->elements && a->element[0]->type == REDIS_REPLY_ARRAY)
+            ntab += a->element[0]->elements / 2;
+    }
     h = malloc(hcap * sizeof(*h));
     uint32_t *pos = calloc(r->nshards, sizeof(uint32_t));
-    if (!h || !pos) {
+    tab = malloc((ntab + 1) * sizeof(*tab));
+    tab0 = calloc(b.nc + 1, sizeof(size_t));
+    if (!h || !pos || !tab || !tab0) {
         free(pos);
         goto out;
     }
+    ntab = 0;
+    for (size_t c = 0; c < b.nc; c++) {
+        redisReply *a = b.c[c].rep;
+        tab0[c] = ntab;
+        if (a->type != REDIS_REPLY_ARRAY || !a->elements ||
+            a->element[0]->type != REDIS_REPLY_ARRAY)
+            continue;
+        redisReply *nv = a->element[0];
+        for (size_t j = 0; j + 1 < nv->elements; j += 2) {
+            struct mnode *t = &tab[ntab++];
+            t->peer = nv->element[j + 1];
+            if (!intern(r, nv->element[j]->str, nv->element[j]->len, &t->node)) {
+                free(pos);
+                goto out;
+            }
+        }
+    }
+    tab0[b.nc] = ntab;
     uint32_t mcap = 16, nslots = 0;
     for (size_t i = 0; i < n; i++) {
         if (!first[i]) continue;
-        redisReply *a = b.c[cmdof[sh[i]]].rep;
+        uint32_t c = cmdof[sh[i]];
+        redisReply *a = b.c[c].rep;
         uint32_t p = ++pos[sh[i]];
         if (a->type != REDIS_REPLY_ARRAY || p >= a->elements) continue;
         redisReply *e = a->element[p];
-        for (size_t j = 0; e->type == REDIS_REPLY_ARRAY && j + 1 < e->elements; j += 2) {
+        for (size_t j = 0; e->type == REDIS_REPLY_ARRAY && j < e->elements; j++) {
+            long long code = e->element[j]->integer;
+            size_t k = tab0[c] + (size_t)(code / 16);
+            uint8_t tiers = (uint8_t)(code % 16);
+            if (code < 0 || k >= tab0[c + 1] || !tiers) continue;
             if (nh == hcap) {
                 struct mhit *nw = realloc(h, 2 * hcap * sizeof(*h));
                 if (!nw) {
@@ -1106,14 +1143,7 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
                 h = nw;
                 hcap *= 2;
             }
-            uint32_t node;
-            if (!intern(r, e->element[j]->str, e->element[j]->len, &node)) {
-                free(pos);
-                goto out;
-            }
-            uint8_t tiers = (uint8_t)(rep_int(e->element[j + 1]) & 0xf);
-            if (!tiers) continue;
-            h[nh++] = (struct mhit){(uint32_t)i, node, tiers};
+            h[nh++] = (struct mhit){(uint32_t)i, tab[k].node, tiers};
         }
     }
     free(pos);
@@ -1173,18 +1203,12 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
         pthread_mutex_unlock(&r->imu);
         const char *peer = "";
         size_t pl = 0;
-        for (size_t c = 0; c < b.nc && !*peer; c++) {
-            redisReply *a = b.c[c].rep;
-            if (a->type != REDIS_REPLY_ARRAY || !a->elements) continue;
-            redisReply *pv = a->element[0];
-            for (size_t j = 0; pv->type == REDIS_REPLY_ARRAY && j + 1 < pv->elements; j += 2)
-                if (strcmp(pv->element[j]->str, mn->node_id) == 0 &&
-                    pv->element[j + 1]->type == REDIS_REPLY_STRING) {
-                    peer = pv->element[j + 1]->str;
-                    pl = pv->element[j + 1]->len;
-                    break;
-                }
-        }
+        for (size_t k = 0; k < ntab; k++)
+            if (tab[k].node == mn->node && tab[k].peer->type == REDIS_REPLY_STRING) {
+                peer = tab[k].peer->str;
+                pl = tab[k].peer->len;
+                break;
+            }
         mn->peer_address = strndup(peer, pl);
         if (!mn->peer_address) rc = -1;
         uint32_t k = 0;
@@ -1195,7 +1219,8 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
     }
 out:
     if (rc) mstore_match_free(mt);
-    free(peers);
+    free(tab);
+    free(tab0);
     free(slotmap);
     free(slot);
     free(h);

@@ -154,32 +154,35 @@
 
 /* The match of one shard, hit counting fused in. KEYS n extkv keys, then (count) n hit
  * keys and the shard's hit index. ARGV n, count, now, alive-peers key. Returns
- * {{node, peer, ...}, per key {node, mask, ...}...}. */
+ * {{node, peer, ...}, per key {(node number - 1) * 16 + tier mask, ...}...}: each node
+ * name once per reply, its peer "" unless ALIVE. */
 #define RLUA_MATCH                                                                                 \
     "local n = tonumber(ARGV[1])\n"                                                                \
     "local cnt = ARGV[2] == '1'\n"                                                                 \
     "local now = tonumber(ARGV[3])\n"                                                              \
-    "local out, seen, peers = {{}}, {}, {}\n"                                                      \
+    "local nodes, num = {}, {}\n"                                                                  \
+    "local out = {nodes}\n"                                                                        \
     "for i = 1, n do\n"                                                                            \
     "  local h = redis.call('HGETALL', KEYS[i])\n"                                                 \
-    "  out[i + 1] = h\n"                                                                           \
-    "  if #h > 0 then\n"                                                                           \
-    "    for j = 1, #h, 2 do\n"                                                                    \
-    "      if not seen[h[j]] then seen[h[j]] = true; peers[#peers + 1] = h[j] end\n"               \
+    "  local r = {}\n"                                                                             \
+    "  for j = 1, #h, 2 do\n"                                                                      \
+    "    local k = num[h[j]]\n"                                                                    \
+    "    if not k then\n"                                                                          \
+    "      k = #nodes / 2\n"                                                                       \
+    "      num[h[j]] = k\n"                                                                        \
+    "      nodes[#nodes + 1] = h[j]\n"                                                             \
+    "      nodes[#nodes + 1] = redis.call('HGET', ARGV[4], h[j]) or ''\n"                          \
     "    end\n"                                                                                    \
-    "    if cnt then\n"                                                                            \
-    "      local hk = KEYS[n + i]\n"                                                               \
-    "      local c = redis.call('HINCRBY', hk, 'c', 1)\n"                                          \
-    "      local ls = tonumber(redis.call('HGET', hk, 'ls') or '0')\n"                             \
-    "      if now > ls then redis.call('HSET', hk, 'ls', ARGV[3]) end\n"                           \
-    "      if c == 1 then redis.call('SADD', KEYS[2 * n + 1], hk) end\n"                           \
-    "    end\n"                                                                                    \
+    "    r[#r + 1] = k * 16 + tonumber(h[j + 1]) % 16\n"                                           \
     "  end\n"                                                                                      \
-    "end\n"                                                                                        \
-    "for _, node in ipairs(peers) do\n"                                                            \
-    "  local p = out[1]\n"                                                                         \
-    "  p[#p + 1] = node\n"                                                                         \
-    "  p[#p + 1] = redis.call('HGET', ARGV[4], node) or ''\n"                                      \
+    "  out[i + 1] = r\n"                                                                           \
+    "  if #h > 0 and cnt then\n"                                                                   \
+    "    local hk = KEYS[n + i]\n"                                                                 \
+    "    local c = redis.call('HINCRBY', hk, 'c', 1)\n"                                            \
+    "    local ls = tonumber(redis.call('HGET', hk, 'ls') or '0')\n"                               \
+    "    if now > ls then redis.call('HSET', hk, 'ls', ARGV[3]) end\n"                             \
+    "    if c == 1 then redis.call('SADD', KEYS[2 * n + 1], hk) end\n"                             \
+    "  end\n"                                                                                      \
     "end\n"                                                                                        \
     "return out\n"
 
