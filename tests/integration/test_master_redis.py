@@ -284,3 +284,50 @@ def test_large_full_sync_runs_in_bounded_scripts(redis):
         found = s.BatchLookup(pb.BatchLookupRequest(keys=["k0", "k19999", "only"])).found
         assert list(found) == [False, False, True]
         assert redis.cli("SCARD", "{umbp:bulk}:node:big:blocks") == "1"
+
+
+def test_redis_that_never_answers_gives_unavailable_not_a_hang():
+    """A Redis that accepts and then says nothing (a hung host): each RPC ends with
+    UNAVAILABLE after about the socket timeout, well inside the call's deadline."""
+    import socket
+    import threading
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(64)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        lst.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(lst.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    env = {"UMBP_METADATA_BACKEND": "redis",
+           "UMBP_REDIS_URI": "tcp://127.0.0.1:%d" % lst.getsockname()[1],
+           "UMBP_REDIS_REQUIRED": "0", "UMBP_REDIS_SOCKET_TIMEOUT_MS": "300",
+           "UMBP_REDIS_CONNECT_TIMEOUT_MS": "300"}
+    try:
+        with Master(env=env) as m:
+            s = stub(m)
+            for call, req, name in [
+                (s.MatchExternalKv, pb.MatchExternalKvRequest(hashes=["h"]), "MatchExternalKv"),
+                (s.BatchRoutePut, pb.BatchRoutePutRequest(keys=["k"], block_sizes=[1]),
+                 "BatchRoutePut"),
+                (s.Heartbeat, pb.HeartbeatRequest(node_id="n"), "Heartbeat"),
+            ]:
+                with pytest.raises(grpc.RpcError) as e:
+                    call(req, timeout=15)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+                assert e.value.details().startswith(name + ": metadata store unavailable: ")
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        lst.close()
