@@ -125,11 +125,9 @@ int master_main(int argc, char **argv) {
         printf("[Master] Resolved metadata store: %s\n", line);
     }
     fflush(stdout);
-    if (redis && (*m.cfg.redis_shard_uris || m.cfg.redis_cluster)) {
-        fprintf(stderr,
-                "umbp_master: %s is not supported by this build's Redis store (one "
-                "endpoint, UMBP_REDIS_BLOCK_SHARDS key shards)\n",
-                *m.cfg.redis_shard_uris ? "UMBP_REDIS_SHARD_URIS" : "UMBP_REDIS_CLUSTER=1");
+    if (redis && m.cfg.redis_cluster) {
+        fprintf(stderr, "umbp_master: UMBP_REDIS_CLUSTER=1 (Redis Cluster) is not supported by "
+                        "this build's Redis store; use one endpoint or UMBP_REDIS_SHARD_URIS\n");
         return 2;
     }
     log_info(m.lg, "[Master] Resolved route-put strategy: select_algo=%s node_affinity=%s",
@@ -158,6 +156,7 @@ int master_main(int argc, char **argv) {
     if (redis) {
         struct mstore_redis_cfg rcfg = {
             .uri = m.cfg.redis_uri,
+            .shard_uris = m.cfg.redis_shard_uris,
             .ns = m.cfg.redis_namespace,
             .password = m.cfg.redis_password,
             .connect_timeout_ms = (uint32_t)m.cfg.redis_connect_timeout_ms,

@@ -108,11 +108,21 @@ struct slot {
     bool busy;
 };
 
+/* One Redis endpoint and its connection pool. */
+struct endpoint {
+    char host[256];
+    int port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct slot *slots;
+    uint32_t nslots;
+};
+
 struct rstore {
     struct mstore base;
     struct logger *lg;
-    char host[256];
-    int port;
+    struct endpoint *ep; /* ep[0] holds the control keys and shard 0 */
+    uint32_t nep;        /* > 1: multi mode, shard s on ep[s] */
     char *password;
     uint32_t connect_ms, socket_ms;
     uint32_t nshards;
@@ -120,10 +130,7 @@ struct rstore {
     char **tag;    /* per shard */
     char k_alive[320], k_peers[320], k_expired[320], k_node_prefix[320];
 
-    pthread_mutex_t mu; /* pool, scripts */
-    pthread_cond_t cv;
-    struct slot *slots;
-    uint32_t nslots;
+    pthread_mutex_t mu; /* sha */
     char sha[S_COUNT][41];
 
     pthread_mutex_t imu; /* interned node ids */
@@ -132,6 +139,7 @@ struct rstore {
     uint32_t nids, capids;
 
     struct metric *m_transport, *m_noscript, *m_pool_exhausted, *m_pool_wait;
+    struct metric_family *f_degraded;
     struct metric *m_lat[OP_COUNT];
 };
 #define RS(s) ((struct rstore *)(s))
@@ -325,11 +333,11 @@ static void b_cmd(struct batch *b, const char *name, int script, size_t numkeys)
 
 /* ---- the connection pool ---- */
 
-static redisContext *dial(struct rstore *r, char *why, size_t wlen) {
+static redisContext *dial(struct rstore *r, struct endpoint *ep, char *why, size_t wlen) {
     struct timeval ct = {r->connect_ms / 1000, (r->connect_ms % 1000) * 1000};
-    redisContext *c = redisConnectWithTimeout(r->host, r->port, ct);
+    redisContext *c = redisConnectWithTimeout(ep->host, ep->port, ct);
     if (!c || c->err) {
-        snprintf(why, wlen, "connect %.100s:%d: %.200s", r->host, r->port,
+        snprintf(why, wlen, "connect %.100s:%d: %.200s", ep->host, ep->port,
                  c ? c->errstr : "no memory");
         redisFree(c);
         return NULL;
@@ -341,7 +349,7 @@ static redisContext *dial(struct rstore *r, char *why, size_t wlen) {
         redisReply *rep = redisCommand(c, "AUTH %s", r->password);
         bool ok = rep && rep->type != REDIS_REPLY_ERROR;
         if (!ok)
-            snprintf(why, wlen, "AUTH %.100s:%d: %.200s", r->host, r->port,
+            snprintf(why, wlen, "AUTH %.100s:%d: %.200s", ep->host, ep->port,
                      rep ? rep->str : c->errstr);
         if (rep) freeReplyObject(rep);
         if (!ok) {
@@ -352,35 +360,31 @@ static redisContext *dial(struct rstore *r, char *why, size_t wlen) {
     return c;
 }
 
-static struct slot *pool_get(struct rstore *r) {
-    pthread_mutex_lock(&r->mu);
+static struct slot *pool_get(struct rstore *r, struct endpoint *ep) {
+    pthread_mutex_lock(&ep->mu);
     uint64_t t0 = 0;
     for (;;) {
-        for (uint32_t i = 0; i < r->nslots; i++)
-            if (!r->slots[i].busy) {
-                r->slots[i].busy = true;
-                pthread_mutex_unlock(&r->mu);
+        for (uint32_t i = 0; i < ep->nslots; i++)
+            if (!ep->slots[i].busy) {
+                ep->slots[i].busy = true;
+                pthread_mutex_unlock(&ep->mu);
                 if (t0 && r->m_pool_wait)
                     metric_observe(r->m_pool_wait, (double)(clock_mono_ns() - t0) / 1e9);
-                return &r->slots[i];
+                return &ep->slots[i];
             }
         if (!t0) {
             t0 = clock_mono_ns();
             if (r->m_pool_exhausted) metric_inc(r->m_pool_exhausted, 1);
         }
-        pthread_cond_wait(&r->cv, &r->mu);
+        pthread_cond_wait(&ep->cv, &ep->mu);
     }
 }
 
-static void pool_put(struct rstore *r, struct slot *s, bool broken) {
-    if (broken && s->c) {
-        redisFree(s->c);
-        s->c = NULL;
-    }
-    pthread_mutex_lock(&r->mu);
+static void pool_put(struct endpoint *ep, struct slot *s) {
+    pthread_mutex_lock(&ep->mu);
     s->busy = false;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
+    pthread_cond_signal(&ep->cv);
+    pthread_mutex_unlock(&ep->mu);
 }
 
 static bool load_script(struct rstore *r, redisContext *c, int sc) {
@@ -398,8 +402,8 @@ static bool load_script(struct rstore *r, redisContext *c, int sc) {
 
 /* Sends commands [from, to) of b on c and reads their replies. 0, or -1 on a transport
  * error (why filled). */
-static int send_range(struct rstore *r, redisContext *c, struct batch *b, const bool *only,
-                      char *why, size_t wlen) {
+static int send_range(struct rstore *r, struct endpoint *ep, redisContext *c, struct batch *b,
+                      const bool *only, char *why, size_t wlen) {
     size_t maxargc = 0;
     for (size_t i = 0; i < b->nc; i++)
         if (b->c[i].argc > maxargc) maxargc = b->c[i].argc;
@@ -436,7 +440,7 @@ static int send_range(struct rstore *r, redisContext *c, struct batch *b, const 
         if (only && !only[i]) continue;
         void *rep = NULL;
         if (redisGetReply(c, &rep) != REDIS_OK || !rep) {
-            snprintf(why, wlen, "%.100s:%d: %.200s", r->host, r->port,
+            snprintf(why, wlen, "%.100s:%d: %.200s", ep->host, ep->port,
                      c->err ? c->errstr : "connection lost");
             return -1;
         }
@@ -453,20 +457,20 @@ static bool is_noscript(const redisReply *rep) {
 
 /* Runs the batch: one round trip (two after a NOSCRIPT, one more after a stale pooled
  * connection). 0; -1 with the thread's failure recorded. */
-static int run(struct rstore *r, struct batch *b) {
+static int run_ep(struct rstore *r, struct endpoint *ep, struct batch *b, const char *degrade) {
     if (b->oom) {
         set_err(r, "out of memory");
         return -1;
     }
-    if (failing(r)) return -1;
+    if (!degrade && failing(r)) return -1;
     if (!b->nc) return 0;
     char why[384] = "";
-    struct slot *s = pool_get(r);
+    struct slot *s = pool_get(r, ep);
     int rc = -1;
     for (int attempt = 0; attempt < 2; attempt++) {
         bool fresh = false;
         if (!s->c) {
-            s->c = dial(r, why, sizeof(why));
+            s->c = dial(r, ep, why, sizeof(why));
             if (!s->c) break;
             fresh = true;
         }
@@ -474,11 +478,11 @@ static int run(struct rstore *r, struct batch *b) {
         for (size_t i = 0; i < b->nc; i++) {
             int sc = b->c[i].script;
             if (sc >= 0 && !r->sha[sc][0] && !load_script(r, s->c, sc)) {
-                snprintf(why, sizeof(why), "%.100s:%d: SCRIPT LOAD failed", r->host, r->port);
+                snprintf(why, sizeof(why), "%.100s:%d: SCRIPT LOAD failed", ep->host, ep->port);
                 goto out;
             }
         }
-        int e = send_range(r, s->c, b, NULL, why, sizeof(why));
+        int e = send_range(r, ep, s->c, b, NULL, why, sizeof(why));
         if (e == -2) goto out;
         if (e) {
             if (r->m_transport) metric_inc(r->m_transport, 1);
@@ -497,14 +501,14 @@ static int run(struct rstore *r, struct batch *b) {
             if (is_noscript(b->c[i].rep)) {
                 if (!redo[i] && !load_script(r, s->c, b->c[i].script)) {
                     free(redo);
-                    snprintf(why, sizeof(why), "%.100s:%d: SCRIPT LOAD failed", r->host, r->port);
+                    snprintf(why, sizeof(why), "%.100s:%d: SCRIPT LOAD failed", ep->host, ep->port);
                     goto out;
                 }
                 redo[i] = any = true;
             }
         if (any) {
             if (r->m_noscript) metric_inc(r->m_noscript, 1);
-            e = send_range(r, s->c, b, redo, why, sizeof(why));
+            e = send_range(r, ep, s->c, b, redo, why, sizeof(why));
         }
         free(redo);
         if (e) {
@@ -516,20 +520,68 @@ static int run(struct rstore *r, struct batch *b) {
         rc = 0;
         for (size_t i = 0; i < b->nc; i++)
             if (b->c[i].rep->type == REDIS_REPLY_ERROR) {
-                snprintf(why, sizeof(why), "%.100s:%d: %.200s", r->host, r->port, b->c[i].rep->str);
+                snprintf(why, sizeof(why), "%.100s:%d: %.200s", ep->host, ep->port,
+                         b->c[i].rep->str);
                 rc = -1;
                 break;
             }
         break;
     }
 out:
-    pool_put(r, s, false);
+    pool_put(ep, s);
     if (rc) {
-        if (!*why) snprintf(why, sizeof(why), "%.100s:%d: unreachable", r->host, r->port);
-        set_err(r, "%s", why);
-        log_warn(r->lg, "[MetadataStore] redis: %.300s", why);
+        if (!*why) snprintf(why, sizeof(why), "%.100s:%d: unreachable", ep->host, ep->port);
+        if (degrade) {
+            /* Multi mode: a failed shard reads as misses. */
+            log_warn(r->lg, "[MetadataStore] redis shard degraded (%s): %.300s", degrade, why);
+            const char *v[] = {"redis", degrade};
+            if (r->f_degraded) metrics_add(r->f_degraded, v, 1);
+        } else {
+            set_err(r, "%s", why);
+            log_warn(r->lg, "[MetadataStore] redis: %.300s", why);
+        }
     }
     return rc;
+}
+
+/* The control endpoint (and the only one outside multi mode). */
+static int run(struct rstore *r, struct batch *b) { return run_ep(r, &r->ep[0], b, NULL); }
+
+static struct endpoint *ep_of(const struct rstore *r, uint32_t shard) {
+    return r->nep > 1 ? &r->ep[shard] : &r->ep[0];
+}
+
+/* Per-shard calls grouped into one pipeline per endpoint (one in all outside multi mode):
+ * srep[s] gets shard s's reply, NULL when shard s was not asked or, in multi mode, failed
+ * (read as misses). -1 when the single endpoint failed (recorded). */
+static struct batch *sbatch(const struct rstore *r, struct batch *bs, uint32_t s) {
+    return &bs[r->nep > 1 ? s : 0];
+}
+
+static int run_shards(struct rstore *r, struct batch *bs, const uint32_t *cmdof, redisReply **srep,
+                      const char *method) {
+    bool *ok = calloc(r->nep, sizeof(bool));
+    if (!ok) {
+        set_err(r, "out of memory");
+        return -1;
+    }
+    int rc = 0;
+    for (uint32_t e = 0; e < r->nep; e++) {
+        if (!bs[e].nc) continue;
+        ok[e] = run_ep(r, &r->ep[e], &bs[e], r->nep > 1 ? method : NULL) == 0;
+        if (!ok[e] && r->nep == 1) rc = -1;
+    }
+    for (uint32_t s = 0; s < r->nshards; s++) {
+        uint32_t e = r->nep > 1 ? s : 0;
+        srep[s] = cmdof[s] != UINT32_MAX && ok[e] ? bs[e].c[cmdof[s]].rep : NULL;
+    }
+    free(ok);
+    return rc;
+}
+
+static void free_batches(struct rstore *r, struct batch *bs) {
+    for (uint32_t e = 0; bs && e < r->nep; e++) b_free(&bs[e]);
+    free(bs);
 }
 
 /* ---- key names ---- */
@@ -704,7 +756,7 @@ static void wipe_node(struct rstore *r, const char *id, bool blocks, bool extkv)
                 }
                 b_str(&b, id);
                 b_u64(&b, MSTORE_REDIS_CHUNK);
-                long long n = run(r, &b) ? 0 : rep_int(b.c[0].rep);
+                long long n = run_ep(r, ep_of(r, sh), &b, NULL) ? 0 : rep_int(b.c[0].rep);
                 b_free(&b);
                 if (n <= 0) break;
             }
@@ -748,7 +800,9 @@ static enum mstore_hb rs_heartbeat(struct mstore *s, const char *node_id, uint64
     OP_BEGIN(r);
     *acked = 0;
     enum mstore_hb res = MSTORE_HB_UNKNOWN;
-    size_t first = full ? 0 : (nev < MSTORE_REDIS_CHUNK ? nev : MSTORE_REDIS_CHUNK);
+    /* The CAS applies the first chunk itself, except in multi mode (events go to their
+     * shards' endpoints). */
+    size_t first = full || r->nep > 1 ? 0 : (nev < MSTORE_REDIS_CHUNK ? nev : MSTORE_REDIS_CHUNK);
     struct batch b = {0};
     b_cmd(&b, NULL, S_HEARTBEAT, 4);
     b_control_keys(&b, r, node_id);
@@ -774,18 +828,32 @@ static enum mstore_hb rs_heartbeat(struct mstore *s, const char *node_id, uint64
         /* The rest in bounded chunks, in order; a full sync first wipes the node's blocks.
          * Readers may see a chunk boundary (as readers of the reference see shard ones). */
         if (full) wipe_node(r, node_id, true, false);
-        for (size_t i = first; i < nev; i += MSTORE_REDIS_CHUNK) {
-            size_t k = nev - i < MSTORE_REDIS_CHUNK ? nev - i : MSTORE_REDIS_CHUNK;
-            struct batch e = {0};
-            b_cmd(&e, NULL, S_EVENTS, 0);
-            b_str(&e, node_id);
-            b_i64(&e, now);
-            b_str(&e, full ? "1" : "0");
-            b_events(&e, r, node_id, ev + i, k);
-            int rc = run(r, &e);
-            b_free(&e);
-            if (rc) break;
+        struct mstore_event *part = r->nep > 1 ? malloc((nev + 1) * sizeof(*part)) : NULL;
+        if (r->nep > 1 && !part) set_err(r, "out of memory");
+        for (uint32_t sh = 0;
+             sh < (r->nep > 1 ? r->nshards : 1) && !(t_err.set && t_err.owner == r); sh++) {
+            const struct mstore_event *pe = ev + first;
+            size_t m = nev - first;
+            if (part) { /* this shard's events, in order */
+                m = 0;
+                for (size_t i = 0; i < nev; i++)
+                    if (shard_of(r, ev[i].key, strlen(ev[i].key)) == sh) part[m++] = ev[i];
+                pe = part;
+            }
+            for (size_t i = 0; i < m; i += MSTORE_REDIS_CHUNK) {
+                size_t k = m - i < MSTORE_REDIS_CHUNK ? m - i : MSTORE_REDIS_CHUNK;
+                struct batch e = {0};
+                b_cmd(&e, NULL, S_EVENTS, 0);
+                b_str(&e, node_id);
+                b_i64(&e, now);
+                b_str(&e, full ? "1" : "0");
+                b_events(&e, r, node_id, pe + i, k);
+                int rc = run_ep(r, ep_of(r, sh), &e, NULL);
+                b_free(&e);
+                if (rc) break;
+            }
         }
+        free(part);
         /* A step that failed leaves the node behind its sequence: ask for a full sync. */
         if (t_err.set && t_err.owner == r) res = MSTORE_HB_SEQ_GAP;
     }
@@ -936,20 +1004,53 @@ static void b_ext_triples(struct batch *b, struct rstore *r, const char *node, c
  * pipeline: one round trip, and no script runs longer than a chunk. */
 static int ext_write(struct rstore *r, int script, const char *node, char *const *hashes, size_t n,
                      int tier) {
-    struct batch b = {0};
-    for (size_t i = 0; i < n; i += MSTORE_REDIS_CHUNK) {
-        size_t k = n - i < MSTORE_REDIS_CHUNK ? n - i : MSTORE_REDIS_CHUNK;
-        b_cmd(&b, NULL, script, script == S_EXT_REPORT ? 1 : 0);
-        if (script == S_EXT_REPORT) b_str(&b, r->k_alive);
-        b_str(&b, node);
-        b_u64(&b, 1ull << tier);
-        b_ext_triples(&b, r, node, hashes + i, k);
+    bool multi = r->nep > 1;
+    if (multi && script == S_EXT_REPORT) {
+        /* The alive gate on the control endpoint, then the shards' writes (a node that
+         * expires in between may get this one report in: the reference's window too). */
+        struct batch g = {0};
+        b_cmd(&g, "SISMEMBER", -1, 0);
+        b_str(&g, r->k_alive);
+        b_str(&g, node);
+        int alive = run(r, &g) ? -1 : (int)rep_int(g.c[0].rep);
+        b_free(&g);
+        if (alive <= 0) return alive;
     }
-    int rc = run(r, &b) ? -1 : 1;
-    if (rc == 1 && script == S_EXT_REPORT)
-        for (size_t i = 0; i < b.nc; i++)
-            if (rep_int(b.c[i].rep) == 0) rc = 0;
-    b_free(&b);
+    struct batch *bs = calloc(r->nep, sizeof(*bs));
+    char **part = malloc((n + 1) * sizeof(char *));
+    int rc = 1;
+    if (!bs || !part) {
+        free(bs);
+        free(part);
+        set_err(r, "out of memory");
+        return -1;
+    }
+    for (uint32_t sh = 0; sh < (multi ? r->nshards : 1); sh++) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!multi || shard_of(r, hashes[i], strlen(hashes[i])) == sh) part[m++] = hashes[i];
+        struct batch *b = sbatch(r, bs, sh);
+        for (size_t i = 0; i < m; i += MSTORE_REDIS_CHUNK) {
+            size_t k = m - i < MSTORE_REDIS_CHUNK ? m - i : MSTORE_REDIS_CHUNK;
+            bool gate = script == S_EXT_REPORT && !multi;
+            b_cmd(b, NULL, script, gate ? 1 : 0);
+            if (gate) b_str(b, r->k_alive);
+            b_str(b, node);
+            b_u64(b, 1ull << tier);
+            b_ext_triples(b, r, node, part + i, k);
+        }
+    }
+    for (uint32_t e = 0; e < r->nep; e++) {
+        if (run_ep(r, &r->ep[e], &bs[e], NULL)) {
+            rc = -1;
+            continue;
+        }
+        if (script == S_EXT_REPORT)
+            for (size_t i = 0; i < bs[e].nc; i++)
+                if (rep_int(bs[e].c[i].rep) == 0) rc = rc < 0 ? rc : 0;
+    }
+    free(part);
+    free_batches(r, bs);
     return rc;
 }
 
@@ -986,7 +1087,7 @@ static void rs_ext_revoke_tier(struct mstore *s, const char *node_id, int tier) 
             b_u64(&b, 1ull << tier);
             b_str(&b, cursor);
             b_u64(&b, MSTORE_REDIS_CHUNK);
-            int rc = run(r, &b);
+            int rc = run_ep(r, ep_of(r, sh), &b, NULL);
             if (!rc && b.c[0].rep->type == REDIS_REPLY_STRING)
                 snprintf(cursor, sizeof(cursor), "%s", b.c[0].rep->str);
             else
@@ -1052,103 +1153,101 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
     uint32_t *sh = malloc(n * sizeof(uint32_t));
     uint32_t *cnt = calloc(r->nshards, sizeof(uint32_t));
     uint32_t *cmdof = malloc(r->nshards * sizeof(uint32_t));
+    redisReply **srep = calloc(r->nshards, sizeof(*srep));
+    const char **cur = calloc(r->nshards, sizeof(*cur));
+    size_t *tab0 = calloc(r->nshards + 1, sizeof(size_t));
+    struct batch *bs = calloc(r->nep, sizeof(*bs));
     struct mhit *h = NULL;
-    struct batch b = {0};
     uint32_t *slotmap = NULL, *slot = NULL;
     struct mnode *tab = NULL;
-    size_t *tab0 = NULL;
-    if (!first || !sh || !cnt || !cmdof) goto out;
+    char **peer = NULL;
+    size_t *peerlen = NULL;
+    struct batch pb = {0};
+    if (!first || !sh || !cnt || !cmdof || !srep || !cur || !tab0 || !bs) goto out;
     for (size_t i = 0; i < n; i++)
         if (first[i]) {
             sh[i] = shard_of(r, keys[i].p, keys[i].n);
             cnt[sh[i]]++;
         }
-    /* One script per shard touched, all in one pipeline. */
+    /* One script per shard touched, one pipeline per endpoint. */
     for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
         cmdof[s2] = UINT32_MAX;
         if (!cnt[s2]) continue;
-        cmdof[s2] = (uint32_t)b.nc;
-        b_cmd(&b, NULL, S_MATCH, count_as_hit ? 2 * (size_t)cnt[s2] + 1 : cnt[s2]);
+        struct batch *b = sbatch(r, bs, s2);
+        cmdof[s2] = (uint32_t)b->nc;
+        b_cmd(b, NULL, S_MATCH, count_as_hit ? 2 * (size_t)cnt[s2] + 1 : cnt[s2]);
         for (size_t i = 0; i < n; i++)
             if (first[i] && sh[i] == s2)
-                b_shard_key(&b, r, s2, ":extkv:", keys[i].p, keys[i].n, NULL);
+                b_shard_key(b, r, s2, ":extkv:", keys[i].p, keys[i].n, NULL);
         if (count_as_hit) {
             for (size_t i = 0; i < n; i++)
                 if (first[i] && sh[i] == s2)
-                    b_shard_key(&b, r, s2, ":hit:", keys[i].p, keys[i].n, NULL);
-            b_shard_key(&b, r, s2, ":hit:index", "", 0, NULL);
+                    b_shard_key(b, r, s2, ":hit:", keys[i].p, keys[i].n, NULL);
+            b_shard_key(b, r, s2, ":hit:index", "", 0, NULL);
         }
-        b_u64(&b, cnt[s2]);
-        b_str(&b, count_as_hit ? "1" : "0");
-        b_i64(&b, now);
-        b_str(&b, r->k_peers);
+        b_u64(b, cnt[s2]);
+        b_str(b, count_as_hit ? "1" : "0");
+        b_i64(b, now);
+        b_str(b, r->k_peers);
     }
-    if (run(r, &b)) {
+    if (run_shards(r, bs, cmdof, srep, "MatchExternalKv")) {
         rc = 0; /* recorded: the RPC answers UNAVAILABLE */
         goto out;
     }
-    /* Each shard's node table (interned once per call), then the request in order, each
-     * key's placements from its shard's reply. */
-    size_t nh = 0, hcap = 64, ntab = 0;
-    for (size_t c = 0; c < b.nc; c++) {
-        redisReply *a = b.c[c].rep;
-        if (a->type == REDIS_REPLY_ARRAY && a->elements && a->element[0]->type == REDIS_REPLY_ARRAY)
+    /* Each shard's node table, interned once per call. */
+    size_t ntab = 0;
+    for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
+        redisReply *a = srep[s2];
+        if (a &&
+            (a->type != REDIS_REPLY_ARRAY || a->elements != 2 ||
+             a->element[0]->type != REDIS_REPLY_ARRAY || a->element[1]->type != REDIS_REPLY_STRING))
+            srep[s2] = NULL;
+        else if (a)
             ntab += a->element[0]->elements / 2;
     }
-    h = malloc(hcap * sizeof(*h));
-    uint32_t *pos = calloc(r->nshards, sizeof(uint32_t));
     tab = malloc((ntab + 1) * sizeof(*tab));
-    tab0 = calloc(b.nc + 1, sizeof(size_t));
-    if (!h || !pos || !tab || !tab0) {
-        free(pos);
-        goto out;
-    }
+    size_t hcap = 64, nh = 0;
+    h = malloc(hcap * sizeof(*h));
+    if (!tab || !h) goto out;
     ntab = 0;
-    for (size_t c = 0; c < b.nc; c++) {
-        redisReply *a = b.c[c].rep;
-        tab0[c] = ntab;
-        if (a->type != REDIS_REPLY_ARRAY || !a->elements ||
-            a->element[0]->type != REDIS_REPLY_ARRAY)
-            continue;
-        redisReply *nv = a->element[0];
+    for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
+        tab0[s2] = ntab;
+        if (!srep[s2]) continue;
+        redisReply *nv = srep[s2]->element[0];
         for (size_t j = 0; j + 1 < nv->elements; j += 2) {
             struct mnode *t = &tab[ntab++];
             t->peer = nv->element[j + 1];
-            if (!intern(r, nv->element[j]->str, nv->element[j]->len, &t->node)) {
-                free(pos);
-                goto out;
-            }
+            if (!intern(r, nv->element[j]->str, nv->element[j]->len, &t->node)) goto out;
         }
+        cur[s2] = srep[s2]->element[1]->str;
     }
-    tab0[b.nc] = ntab;
-    uint32_t mcap = 16, nslots = 0;
+    tab0[r->nshards] = ntab;
+    /* The request in order, each key's codes from its shard's string. */
     for (size_t i = 0; i < n; i++) {
-        if (!first[i]) continue;
-        uint32_t c = cmdof[sh[i]];
-        redisReply *a = b.c[c].rep;
-        uint32_t p = ++pos[sh[i]];
-        if (a->type != REDIS_REPLY_ARRAY || p >= a->elements) continue;
-        redisReply *e = a->element[p];
-        for (size_t j = 0; e->type == REDIS_REPLY_ARRAY && j < e->elements; j++) {
-            long long code = e->element[j]->integer;
-            size_t k = tab0[c] + (size_t)(code / 16);
+        if (!first[i] || !cur[sh[i]]) continue;
+        const char *p = cur[sh[i]];
+        size_t lo = tab0[sh[i]], hi = tab0[sh[i] + 1];
+        while (*p && *p != ';') {
+            char *end;
+            unsigned long long code = strtoull(p, &end, 10);
+            if (end == p) break;
+            p = *end == ',' ? end + 1 : end;
+            size_t k = lo + (size_t)(code / 16);
             uint8_t tiers = (uint8_t)(code % 16);
-            if (code < 0 || k >= tab0[c + 1] || !tiers) continue;
+            if (k >= hi || !tiers) continue;
             if (nh == hcap) {
                 struct mhit *nw = realloc(h, 2 * hcap * sizeof(*h));
-                if (!nw) {
-                    free(pos);
-                    goto out;
-                }
+                if (!nw) goto out;
                 h = nw;
                 hcap *= 2;
             }
             h[nh++] = (struct mhit){(uint32_t)i, tab[k].node, tiers};
         }
+        cur[sh[i]] = *p == ';' ? p + 1 : p;
     }
-    free(pos);
     /* Group as the in-memory store does: nodes in order of first appearance, per node and
      * tier the request-ordered indices in one pool. */
+    uint32_t mcap = 16, nslots = 0;
     while (mcap < nh * 2) mcap <<= 1;
     slotmap = calloc((size_t)mcap * 2, sizeof(uint32_t));
     slot = malloc((nh + 1) * sizeof(uint32_t));
@@ -1194,22 +1293,40 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
         for (int t = 0; t < MSTORE_NTIERS; t++)
             if (h[k].tiers & (1u << t)) mn->tiers[t].idx[mn->tiers[t].n++] = h[k].idx;
     }
-    /* Peers (ALIVE only) came back with each shard's reply. */
-    rc = 0;
+    /* Peers: from the replies (one endpoint holds the control keys), or in multi mode from
+     * the control endpoint in one more round trip. */
+    peer = calloc(nslots + 1, sizeof(char *));
+    peerlen = calloc(nslots + 1, sizeof(size_t));
+    if (!peer || !peerlen) goto out;
     for (uint32_t i = 0; i < nslots; i++) {
         struct mstore_match_node *mn = &mt->nodes[i];
         pthread_mutex_lock(&r->imu);
         mn->node_id = r->ids[mn->node]->id;
         pthread_mutex_unlock(&r->imu);
-        const char *peer = "";
-        size_t pl = 0;
-        for (size_t k = 0; k < ntab; k++)
+        peer[i] = "";
+        for (size_t k = 0; r->nep == 1 && k < ntab; k++)
             if (tab[k].node == mn->node && tab[k].peer->type == REDIS_REPLY_STRING) {
-                peer = tab[k].peer->str;
-                pl = tab[k].peer->len;
+                peer[i] = tab[k].peer->str;
+                peerlen[i] = tab[k].peer->len;
                 break;
             }
-        mn->peer_address = strndup(peer, pl);
+    }
+    if (r->nep > 1 && nslots) {
+        b_cmd(&pb, "HMGET", -1, 0);
+        b_str(&pb, r->k_peers);
+        for (uint32_t i = 0; i < nslots; i++) b_str(&pb, mt->nodes[i].node_id);
+        if (run_ep(r, &r->ep[0], &pb, "MatchExternalKv") == 0 &&
+            pb.c[0].rep->type == REDIS_REPLY_ARRAY && pb.c[0].rep->elements == nslots)
+            for (uint32_t i = 0; i < nslots; i++)
+                if (pb.c[0].rep->element[i]->type == REDIS_REPLY_STRING) {
+                    peer[i] = pb.c[0].rep->element[i]->str;
+                    peerlen[i] = pb.c[0].rep->element[i]->len;
+                }
+    }
+    rc = 0;
+    for (uint32_t i = 0; i < nslots; i++) {
+        struct mstore_match_node *mn = &mt->nodes[i];
+        mn->peer_address = strndup(peer[i], peerlen[i]);
         if (!mn->peer_address) rc = -1;
         uint32_t k = 0;
         for (int t = 0; t < MSTORE_NTIERS; t++)
@@ -1219,16 +1336,21 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
     }
 out:
     if (rc) mstore_match_free(mt);
+    b_free(&pb);
+    free(peer);
+    free(peerlen);
     free(tab);
     free(tab0);
     free(slotmap);
     free(slot);
     free(h);
-    b_free(&b);
+    free_batches(r, bs);
     free(first);
     free(sh);
     free(cnt);
     free(cmdof);
+    free(srep);
+    free(cur);
     OP_END(r, OP_MATCH);
     return rc;
 }
@@ -1241,29 +1363,36 @@ static int rs_hit_counts(struct mstore *s, char *const *hashes, size_t n, struct
     *nout = 0;
     if (!n) return 0;
     struct mstore_key *keys = malloc(n * sizeof(*keys));
-    if (!keys) return -1;
-    for (size_t i = 0; i < n; i++) keys[i] = (struct mstore_key){hashes[i], strlen(hashes[i])};
-    bool *first = dedup(keys, n);
-    struct batch b = {0};
+    uint64_t *where = malloc(n * sizeof(uint64_t)); /* endpoint << 32 | command */
+    struct batch *bs = calloc(r->nep, sizeof(*bs));
+    bool *ok = calloc(r->nep, sizeof(bool));
+    bool *first = NULL;
     int rc = -1;
-    if (!first) goto out;
+    if (!keys || !where || !bs || !ok) goto out;
+    for (size_t i = 0; i < n; i++) keys[i] = (struct mstore_key){hashes[i], strlen(hashes[i])};
+    if (!(first = dedup(keys, n))) goto out;
     for (size_t i = 0; i < n; i++)
         if (first[i]) {
-            b_cmd(&b, "HGET", -1, 0);
-            b_shard_key(&b, r, shard_of(r, keys[i].p, keys[i].n), ":hit:", keys[i].p, keys[i].n,
-                        NULL);
-            b_str(&b, "c");
+            uint32_t sh = shard_of(r, keys[i].p, keys[i].n);
+            struct batch *b = sbatch(r, bs, sh);
+            where[i] = (uint64_t)(b - bs) << 32 | b->nc;
+            b_cmd(b, "HGET", -1, 0);
+            b_shard_key(b, r, sh, ":hit:", keys[i].p, keys[i].n, NULL);
+            b_str(b, "c");
         }
-    if (run(r, &b)) {
-        rc = 0;
-        goto out;
+    for (uint32_t e = 0; e < r->nep; e++) {
+        ok[e] = run_ep(r, &r->ep[e], &bs[e], r->nep > 1 ? "GetExternalKvHitCounts" : NULL) == 0;
+        if (!ok[e] && r->nep == 1) {
+            rc = 0; /* recorded */
+            goto out;
+        }
     }
-    struct mstore_hit *v = malloc((b.nc + 1) * sizeof(*v));
+    struct mstore_hit *v = malloc((n + 1) * sizeof(*v));
     if (!v) goto out;
-    size_t c = 0, k = 0;
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!first[i]) continue;
-        redisReply *rep = b.c[c++].rep;
+        if (!first[i] || !ok[where[i] >> 32]) continue;
+        redisReply *rep = bs[where[i] >> 32].c[where[i] & 0xffffffffu].rep;
         if (rep->type == REDIS_REPLY_STRING)
             v[k++] = (struct mstore_hit){(uint32_t)i, strtoull(rep->str, NULL, 10)};
     }
@@ -1271,7 +1400,9 @@ static int rs_hit_counts(struct mstore *s, char *const *hashes, size_t n, struct
     *nout = k;
     rc = 0;
 out:
-    b_free(&b);
+    free_batches(r, bs);
+    free(ok);
+    free(where);
     free(first);
     free(keys);
     OP_END(r, OP_HITS);
@@ -1291,7 +1422,7 @@ static size_t rs_hit_gc(struct mstore *s, int64_t cutoff) {
             b_str(&b, cursor);
             b_i64(&b, cutoff);
             b_u64(&b, MSTORE_REDIS_CHUNK);
-            redisReply *rep = run(r, &b) ? NULL : b.c[0].rep;
+            redisReply *rep = run_ep(r, ep_of(r, sh), &b, NULL) ? NULL : b.c[0].rep;
             if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
                 rep->element[0]->type == REDIS_REPLY_STRING) {
                 snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
@@ -1309,51 +1440,64 @@ static size_t rs_hit_gc(struct mstore *s, int64_t cutoff) {
 static size_t rs_ext_count(struct mstore *s) {
     struct rstore *r = RS(s);
     OP_BEGIN(r);
-    struct batch b = {0};
-    for (uint32_t sh = 0; sh < r->nshards; sh++) {
-        b_cmd(&b, "GET", -1, 0);
-        b_shard_key(&b, r, sh, ":extkv_count", "", 0, NULL);
-    }
+    struct batch *bs = calloc(r->nep, sizeof(*bs));
     long long total = 0;
-    if (run(r, &b) == 0)
-        for (size_t i = 0; i < b.nc; i++) total += rep_int(b.c[i].rep);
-    b_free(&b);
+    for (uint32_t sh = 0; bs && sh < r->nshards; sh++) {
+        b_cmd(sbatch(r, bs, sh), "GET", -1, 0);
+        b_shard_key(sbatch(r, bs, sh), r, sh, ":extkv_count", "", 0, NULL);
+    }
+    for (uint32_t e = 0; bs && e < r->nep; e++)
+        if (run_ep(r, &r->ep[e], &bs[e], r->nep > 1 ? "GetExternalKvCount" : NULL) == 0)
+            for (size_t i = 0; i < bs[e].nc; i++) total += rep_int(bs[e].c[i].rep);
+    free_batches(r, bs);
     OP_END(r, OP_XCOUNT);
     return total > 0 ? (size_t)total : 0;
 }
 
 /* ---- block index ---- */
 
-/* Groups keys by shard: one script per shard touched, in one pipeline. pos[i] is key i's
- * index inside its command's reply, cmd[i] the command. */
-static void b_block_scripts(struct batch *b, struct rstore *r, int script, char *const *keys,
-                            size_t n, uint32_t *cmd, uint32_t *pos,
-                            void (*argv)(struct batch *, void *), void *arg) {
-    uint32_t *sh = malloc((n + 1) * sizeof(uint32_t));
+/* Groups keys by shard: one script per shard touched, one pipeline per endpoint. key i
+ * is element pos[i] of srep[sh[i]], the reply of its shard (NULL: a failed shard in multi
+ * mode, read as misses). -1: the single endpoint failed (recorded). */
+static int block_scripts(struct rstore *r, int script, const char *method, char *const *keys,
+                         size_t n, uint32_t *sh, uint32_t *pos, redisReply ***srep_out,
+                         struct batch **bs_out, void (*argv)(struct batch *, void *), void *arg) {
     uint32_t *cnt = calloc(r->nshards, sizeof(uint32_t));
-    if (!sh || !cnt) {
-        b->oom = true;
-        free(sh);
+    uint32_t *cmdof = malloc(r->nshards * sizeof(uint32_t));
+    redisReply **srep = calloc(r->nshards, sizeof(*srep));
+    struct batch *bs = calloc(r->nep, sizeof(*bs));
+    *srep_out = srep;
+    *bs_out = bs;
+    if (!cnt || !cmdof || !srep || !bs) {
         free(cnt);
-        return;
+        free(cmdof);
+        set_err(r, "out of memory");
+        return -1;
     }
     for (size_t i = 0; i < n; i++) {
         sh[i] = shard_of(r, keys[i], strlen(keys[i]));
         pos[i] = cnt[sh[i]]++;
     }
     for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
+        cmdof[s2] = UINT32_MAX;
         if (!cnt[s2]) continue;
-        uint32_t c = (uint32_t)b->nc;
+        struct batch *b = sbatch(r, bs, s2);
+        cmdof[s2] = (uint32_t)b->nc;
         b_cmd(b, NULL, script, cnt[s2]);
         for (size_t i = 0; i < n; i++)
-            if (sh[i] == s2) {
-                b_shard_key(b, r, s2, ":block:", keys[i], strlen(keys[i]), NULL);
-                cmd[i] = c;
-            }
+            if (sh[i] == s2) b_shard_key(b, r, s2, ":block:", keys[i], strlen(keys[i]), NULL);
         if (argv) argv(b, arg);
     }
-    free(sh);
+    int rc = run_shards(r, bs, cmdof, srep, method);
     free(cnt);
+    free(cmdof);
+    return rc;
+}
+
+static redisReply *key_reply(redisReply **srep, const uint32_t *sh, const uint32_t *pos, size_t i) {
+    redisReply *a = srep[sh[i]];
+    if (!a || a->type != REDIS_REPLY_ARRAY || pos[i] >= a->elements) return NULL;
+    return a->element[pos[i]];
 }
 
 struct rg_args {
@@ -1380,22 +1524,21 @@ static int rs_route_get(struct mstore *s, char *const *keys, size_t n, char *con
         nlocs[i] = 0;
     }
     if (!n) return 0;
-    uint32_t *cmd = malloc(n * sizeof(uint32_t)), *pos = malloc(n * sizeof(uint32_t));
-    struct batch b = {0};
+    uint32_t *sh = malloc(n * sizeof(uint32_t)), *pos = malloc(n * sizeof(uint32_t));
+    redisReply **srep = NULL;
+    struct batch *bs = NULL;
     int rc = -1;
-    if (!cmd || !pos) goto out;
+    if (!sh || !pos) goto out;
     struct rg_args a = {now, lease_until, excl, nexcl};
-    b_block_scripts(&b, r, S_ROUTE_GET, keys, n, cmd, pos, rg_argv, &a);
-    if (run(r, &b)) {
-        rc = 0;
+    if (block_scripts(r, S_ROUTE_GET, "BatchLookupBlockForRouteGet", keys, n, sh, pos, &srep, &bs,
+                      rg_argv, &a)) {
+        rc = 0; /* recorded */
         goto out;
     }
     rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        redisReply *a2 = b.c[cmd[i]].rep;
-        if (a2->type != REDIS_REPLY_ARRAY || pos[i] >= a2->elements) continue;
-        redisReply *e = a2->element[pos[i]];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3) continue;
+        redisReply *e = key_reply(srep, sh, pos, i);
+        if (!e || e->type != REDIS_REPLY_ARRAY || e->elements < 3) continue;
         size_t k = e->elements / 3;
         locs[i] = calloc(k, sizeof(struct mstore_loc));
         if (!locs[i]) {
@@ -1418,8 +1561,9 @@ static int rs_route_get(struct mstore *s, char *const *keys, size_t n, char *con
             nlocs[i] = 0;
         }
 out:
-    b_free(&b);
-    free(cmd);
+    free_batches(r, bs);
+    free(srep);
+    free(sh);
     free(pos);
     OP_END(r, OP_ROUTE_GET);
     return rc;
@@ -1430,22 +1574,20 @@ static void rs_block_exists(struct mstore *s, char *const *keys, size_t n, bool 
     OP_BEGIN(r);
     for (size_t i = 0; i < n; i++) found[i] = false;
     if (!n) return;
-    uint32_t *cmd = malloc(n * sizeof(uint32_t)), *pos = malloc(n * sizeof(uint32_t));
-    struct batch b = {0};
-    if (!cmd || !pos) {
+    uint32_t *sh = malloc(n * sizeof(uint32_t)), *pos = malloc(n * sizeof(uint32_t));
+    redisReply **srep = NULL;
+    struct batch *bs = NULL;
+    if (!sh || !pos) {
         set_err(r, "out of memory");
         goto out;
     }
-    b_block_scripts(&b, r, S_EXISTS, keys, n, cmd, pos, NULL, NULL);
-    if (run(r, &b) == 0)
-        for (size_t i = 0; i < n; i++) {
-            redisReply *a = b.c[cmd[i]].rep;
-            if (a->type == REDIS_REPLY_ARRAY && pos[i] < a->elements)
-                found[i] = rep_int(a->element[pos[i]]) == 1;
-        }
+    if (block_scripts(r, S_EXISTS, "BatchExistsBlock", keys, n, sh, pos, &srep, &bs, NULL, NULL) ==
+        0)
+        for (size_t i = 0; i < n; i++) found[i] = rep_int(key_reply(srep, sh, pos, i)) == 1;
 out:
-    b_free(&b);
-    free(cmd);
+    free_batches(r, bs);
+    free(srep);
+    free(sh);
     free(pos);
     OP_END(r, OP_EXISTS);
 }
@@ -1454,8 +1596,14 @@ out:
 
 static void rs_destroy(struct mstore *s) {
     struct rstore *r = RS(s);
-    for (uint32_t i = 0; i < r->nslots; i++) redisFree(r->slots[i].c);
-    free(r->slots);
+    for (uint32_t e = 0; r->ep && e < r->nep; e++) {
+        for (uint32_t i = 0; r->ep[e].slots && i < r->ep[e].nslots; i++)
+            redisFree(r->ep[e].slots[i].c);
+        free(r->ep[e].slots);
+        pthread_mutex_destroy(&r->ep[e].mu);
+        pthread_cond_destroy(&r->ep[e].cv);
+    }
+    free(r->ep);
     for (uint32_t i = 0; i < r->nids; i++) free(r->ids[i]);
     free(r->ids);
     htab_fini(&r->itab);
@@ -1465,7 +1613,6 @@ static void rs_destroy(struct mstore *s) {
     free(r->password);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->imu);
-    pthread_cond_destroy(&r->cv);
     free(r);
 }
 
@@ -1547,10 +1694,10 @@ static void init_metrics(struct rstore *r, struct metrics *m) {
                                "Wait for a pooled Redis connection", L_B, WAIT,
                                sizeof(WAIT) / sizeof(WAIT[0]))))
         r->m_pool_wait = metric_labels(f, be);
-    /* Declared for dashboards; a single endpoint has no shard to degrade. */
     static const char *const L_BM[] = {"backend", "method", NULL};
-    metrics_counter(m, "mori_umbp_redis_degraded_shard_total",
-                    "Shard reads answered as misses because the shard failed", L_BM);
+    r->f_degraded =
+        metrics_counter(m, "mori_umbp_redis_degraded_shard_total",
+                        "Shard reads answered as misses because the shard failed", L_BM);
     if ((f = metrics_histogram(m, "mori_umbp_store_op_latency_seconds",
                                "Metadata store operation latency", L_OP, LAT,
                                sizeof(LAT) / sizeof(LAT[0]))))
@@ -1558,6 +1705,30 @@ static void init_metrics(struct rstore *r, struct metrics *m) {
             const char *v[] = {OP_NAMES[i], "redis"};
             r->m_lat[i] = metric_labels(f, v);
         }
+}
+
+/* PINGs an endpoint and loads every script there; the connection goes into its pool. */
+static int probe(struct rstore *r, struct endpoint *ep, char *why, size_t wlen) {
+    redisContext *c = dial(r, ep, why, wlen);
+    if (c) {
+        redisReply *rep = redisCommand(c, "PING");
+        if (!rep || rep->type == REDIS_REPLY_ERROR) {
+            snprintf(why, wlen, "PING %.100s:%d: %.200s", ep->host, ep->port,
+                     rep ? rep->str : c->errstr);
+            redisFree(c);
+            c = NULL;
+        }
+        if (rep) freeReplyObject(rep);
+    }
+    for (int i = 0; c && i < S_COUNT; i++)
+        if (!load_script(r, c, i)) {
+            snprintf(why, wlen, "SCRIPT LOAD on %.100s:%d failed", ep->host, ep->port);
+            redisFree(c);
+            c = NULL;
+        }
+    if (!c) return -1;
+    ep->slots[0].c = c;
+    return 0;
 }
 
 struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err, size_t errlen) {
@@ -1570,21 +1741,43 @@ struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err
     r->lg = cfg->lg;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->imu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    r->nshards = cfg->shards ? cfg->shards : 1;
+    /* Multi mode: one endpoint per comma-separated URI, one shard each. */
+    const char *uris = cfg->shard_uris && *cfg->shard_uris ? cfg->shard_uris : cfg->uri;
+    r->nep = 1;
+    for (const char *p = uris; *p; p++) r->nep += *p == ',';
+    if (r->nep > 4096) r->nep = 4096;
+    r->nshards = r->nep > 1 ? r->nep : cfg->shards ? cfg->shards : 1;
     r->connect_ms = cfg->connect_timeout_ms ? cfg->connect_timeout_ms : 1000;
     r->socket_ms = cfg->socket_timeout_ms ? cfg->socket_timeout_ms : 1000;
-    r->nslots = cfg->pool_size ? cfg->pool_size : 4;
     r->password = strdup(cfg->password ? cfg->password : "");
-    r->slots = calloc(r->nslots, sizeof(*r->slots));
+    r->ep = calloc(r->nep, sizeof(*r->ep));
     r->tag = calloc(r->nshards, sizeof(char *));
-    if (!r->password || !r->slots || !r->tag || htab_init(&r->itab, 256, ident_hash, NULL)) {
+    if (!r->password || !r->ep || !r->tag || htab_init(&r->itab, 256, ident_hash, NULL)) {
         snprintf(err, errlen, "out of memory");
+        free(r->ep);
+        r->ep = NULL;
         goto fail;
     }
-    if (parse_uri(cfg->uri, r->host, sizeof(r->host), &r->port)) {
-        snprintf(err, errlen, "UMBP_REDIS_URI '%s' is not tcp://host[:port]", cfg->uri);
-        goto fail;
+    const char *u = uris;
+    for (uint32_t e = 0; e < r->nep; e++) {
+        struct endpoint *ep = &r->ep[e];
+        pthread_mutex_init(&ep->mu, NULL);
+        pthread_cond_init(&ep->cv, NULL);
+        ep->nslots = cfg->pool_size ? cfg->pool_size : 4;
+        ep->slots = calloc(ep->nslots, sizeof(*ep->slots));
+        const char *comma = strchr(u, ',');
+        char one[512];
+        snprintf(one, sizeof(one), "%.*s", (int)(comma ? comma - u : (long)strlen(u)), u);
+        if (!ep->slots) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        if (parse_uri(one, ep->host, sizeof(ep->host), &ep->port)) {
+            snprintf(err, errlen, "%s '%s' is not tcp://host[:port]",
+                     r->nep > 1 ? "UMBP_REDIS_SHARD_URIS entry" : "UMBP_REDIS_URI", one);
+            goto fail;
+        }
+        u = comma ? comma + 1 : u + strlen(u);
     }
     if (strlen(cfg->ns) > 200 || strpbrk(cfg->ns, "{}")) {
         snprintf(err, errlen, "UMBP_REDIS_NAMESPACE must be at most 200 bytes without braces");
@@ -1608,33 +1801,15 @@ struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err
         }
     }
     init_metrics(r, cfg->metrics);
-    /* Probe: connect, load every script. */
-    char why[384] = "";
-    redisContext *c = dial(r, why, sizeof(why));
-    if (c) {
-        redisReply *rep = redisCommand(c, "PING");
-        if (!rep || rep->type == REDIS_REPLY_ERROR) {
-            snprintf(why, sizeof(why), "PING %.100s:%d: %.200s", r->host, r->port,
-                     rep ? rep->str : c->errstr);
-            redisFree(c);
-            c = NULL;
-        }
-        if (rep) freeReplyObject(rep);
-    }
-    for (int i = 0; c && i < S_COUNT; i++)
-        if (!load_script(r, c, i)) {
-            snprintf(why, sizeof(why), "SCRIPT LOAD on %.100s:%d failed", r->host, r->port);
-            redisFree(c);
-            c = NULL;
-        }
-    if (!c) {
+    /* Probe: connect, load every script, on every endpoint. */
+    for (uint32_t e = 0; e < r->nep; e++) {
+        char why[384] = "";
+        if (probe(r, &r->ep[e], why, sizeof(why)) == 0) continue;
         if (cfg->required) {
             snprintf(err, errlen, "redis unavailable: %s", why);
             goto fail;
         }
         log_warn(r->lg, "[MetadataStore] redis unavailable at start (%s); starting degraded", why);
-    } else {
-        r->slots[0].c = c;
     }
     return &r->base;
 fail:

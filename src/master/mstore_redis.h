@@ -12,9 +12,10 @@ struct metrics;
 struct logger;
 
 struct mstore_redis_cfg {
-    const char *uri;      /* tcp://host[:port] */
-    const char *ns;       /* namespace inside the key tags */
-    const char *password; /* "" = no AUTH */
+    const char *uri;        /* tcp://host[:port] */
+    const char *shard_uris; /* NULL or "": one endpoint; else comma-separated (multi mode) */
+    const char *ns;         /* namespace inside the key tags */
+    const char *password;   /* "" = no AUTH */
     uint32_t connect_timeout_ms, socket_timeout_ms;
     uint32_t pool_size;      /* connections */
     uint32_t shards;         /* key shards (hash tags), 1..4096 */

@@ -108,10 +108,11 @@
     "if gone > 0 then redis.call('DECRBY', KEYS[2], gone) end\n"                                   \
     "return #ks\n"
 
-/* KEYS alive. ARGV node, bit (2^tier), then (extkv key, node-set key, count key)...
- * 0: the node is not ALIVE, nothing written. */
+/* KEYS alive (none in multi mode: the caller checked on the control endpoint). ARGV node,
+ * bit (2^tier), then (extkv key, node-set key, count key)... 0: the node is not ALIVE,
+ * nothing written. */
 #define RLUA_EXT_REPORT                                                                            \
-    "if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end\n"                        \
+    "if #KEYS > 0 and redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end\n"          \
     "local b = tonumber(ARGV[2])\n"                                                                \
     "for i = 3, #ARGV - 2, 3 do\n"                                                                 \
     "  local m = tonumber(redis.call('HGET', ARGV[i], ARGV[1]) or '0')\n"                          \
@@ -154,14 +155,14 @@
 
 /* The match of one shard, hit counting fused in. KEYS n extkv keys, then (count) n hit
  * keys and the shard's hit index. ARGV n, count, now, alive-peers key. Returns
- * {{node, peer, ...}, per key {(node number - 1) * 16 + tier mask, ...}...}: each node
- * name once per reply, its peer "" unless ALIVE. */
+ * {{node, peer, ...}, "codes of key 1;codes of key 2;..."}: each node name once per reply
+ * (its peer "" unless ALIVE), a key's placements as comma-separated
+ * (node number - 1) * 16 + tier mask; one string, so the reply stays small to parse. */
 #define RLUA_MATCH                                                                                 \
     "local n = tonumber(ARGV[1])\n"                                                                \
     "local cnt = ARGV[2] == '1'\n"                                                                 \
     "local now = tonumber(ARGV[3])\n"                                                              \
-    "local nodes, num = {}, {}\n"                                                                  \
-    "local out = {nodes}\n"                                                                        \
+    "local nodes, num, parts = {}, {}, {}\n"                                                       \
     "for i = 1, n do\n"                                                                            \
     "  local h = redis.call('HGETALL', KEYS[i])\n"                                                 \
     "  local r = {}\n"                                                                             \
@@ -175,7 +176,7 @@
     "    end\n"                                                                                    \
     "    r[#r + 1] = k * 16 + tonumber(h[j + 1]) % 16\n"                                           \
     "  end\n"                                                                                      \
-    "  out[i + 1] = r\n"                                                                           \
+    "  parts[i] = table.concat(r, ',')\n"                                                          \
     "  if #h > 0 and cnt then\n"                                                                   \
     "    local hk = KEYS[n + i]\n"                                                                 \
     "    local c = redis.call('HINCRBY', hk, 'c', 1)\n"                                            \
@@ -184,7 +185,7 @@
     "    if c == 1 then redis.call('SADD', KEYS[2 * n + 1], hk) end\n"                             \
     "  end\n"                                                                                      \
     "end\n"                                                                                        \
-    "return out\n"
+    "return {nodes, table.concat(parts, ';')}\n"
 
 /* One SSCAN step of the hit GC. KEYS hit index; ARGV cursor, cutoff, chunk.
  * Returns {next cursor, dropped}. */
