@@ -101,6 +101,7 @@ class RedisServer:
 
 
 _redis = [None]
+_redis2 = [None]
 _ns = itertools.count()
 BACKEND = ["inmemory"]
 
@@ -113,17 +114,32 @@ def shared_redis():
     return _redis[0]
 
 
+def shared_redis_pair():
+    """Two redis-servers for multi mode (the first is shared_redis())."""
+    if _redis2[0] is None:
+        _redis2[0] = RedisServer()
+        atexit.register(_redis2[0].close)
+    return shared_redis(), _redis2[0]
+
+
+def redis_multi_env(namespace=None, pair=None):
+    a, b = pair or shared_redis_pair()
+    return {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_SHARD_URIS": a.uri + "," + b.uri,
+            "UMBP_REDIS_NAMESPACE": namespace or "t%d-%d" % (os.getpid(), next(_ns))}
+
+
 def redis_env(namespace=None, redis=None):
     r = redis or shared_redis()
     return {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": r.uri,
             "UMBP_REDIS_NAMESPACE": namespace or "t%d-%d" % (os.getpid(), next(_ns))}
 
 
-@pytest.fixture(scope="module", params=["inmemory", "redis"], autouse=True)
+@pytest.fixture(scope="module", params=["inmemory", "redis", "redis-multi"], autouse=True)
 def backend(request):
-    """Runs every test of a module that imports it against both metadata stores: a Master
-    started while the redis leg runs uses a fresh namespace of a shared redis-server."""
-    if request.param == "redis" and not shutil.which("redis-server"):
+    """Runs every test of a module that imports it against both metadata stores (the Redis
+    one on one endpoint and in multi mode on two): a Master started while a Redis leg runs
+    uses a fresh namespace of shared redis-servers."""
+    if request.param != "inmemory" and not shutil.which("redis-server"):
         pytest.skip("redis-server not installed")
     BACKEND[0] = request.param
     yield request.param
@@ -134,8 +150,9 @@ class Master:
     """A running master on free loopback ports. env adds to the environment."""
 
     def __init__(self, env=None, metrics=True, argv0=None, extra_args=()):
-        if BACKEND[0] == "redis" and "UMBP_METADATA_BACKEND" not in (env or {}):
-            env = dict(redis_env(), **(env or {}))
+        if BACKEND[0] != "inmemory" and "UMBP_METADATA_BACKEND" not in (env or {}):
+            base = redis_env() if BACKEND[0] == "redis" else redis_multi_env()
+            env = dict(base, **(env or {}))
         self.port = free_port()
         self.metrics_port = free_port() if metrics else 0
         self.addr = "127.0.0.1:%d" % self.port

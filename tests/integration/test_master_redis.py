@@ -331,3 +331,62 @@ def test_redis_that_never_answers_gives_unavailable_not_a_hang():
         for c in held:
             c.close()
         lst.close()
+
+
+def test_multi_mode_two_endpoints_and_a_failed_shard():
+    from master_util import redis_multi_env
+
+    a, b = RedisServer(), RedisServer()
+    try:
+        env = dict(redis_multi_env("multi", (a, b)), MORI_UMBP_LOG_LEVEL="warn")
+        with Master(env=env) as m:
+            assert "shard_uris=%s,%s" % (a.uri, b.uri) in m.proc.stdout.readline() + \
+                m.proc.stdout.readline()
+            c = UMBPMasterClient(m.addr, node_id="mm", node_address="mm:1")
+            c.register_self({UMBPTierType.DRAM: (GB, GB)})
+            keys = ["h%d" % i for i in range(64)]
+            c.report_external_kv_blocks("mm", keys, UMBPTierType.DRAM)
+            s = stub(m)
+            assert heartbeat(s, "mm", 1, adds=keys).acked_seq == 1
+            matches(m, keys, hit=True)
+
+            def fnv(x):
+                h = 2166136261
+                for ch in x.encode():
+                    h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
+                return h
+
+            on = {0: [k for k in keys if fnv(k) % 2 == 0], 1: [k for k in keys if fnv(k) % 2]}
+            assert on[0] and on[1]
+            # Control keys and shard 0 on the first endpoint, shard 1 on the second.
+            assert a.cli("HGET", "{umbp:multi}:node:mm", "status") == "1"
+            assert b.cli("EXISTS", "{umbp:multi}:node:mm") == "0"
+            for sh, r in ((0, a), (1, b)):
+                k = on[sh][0]
+                assert r.cli("HGET", "{umbp:multi:b%d}:extkv:%s" % (sh, k), "mm") == "4"
+                assert r.cli("HGET", "{umbp:multi:b%d}:hit:%s" % (sh, k), "c") == "1"
+                assert r.cli("HGET", "{umbp:multi:b%d}:block:%s" % (sh, k), "l|mm|2") == "10"
+            full = c.match_external_kv(keys)
+            assert [sorted(x.hashes_by_tier[UMBPTierType.DRAM]) for x in full] == [sorted(keys)]
+            assert full[0].peer_address == ""
+            # Shard 1 lost: its keys read as misses, the rest still answers.
+            b.stop()
+            part = c.match_external_kv(keys)
+            assert [sorted(x.hashes_by_tier[UMBPTierType.DRAM]) for x in part] == [sorted(on[0])]
+            found = list(s.BatchLookup(pb.BatchLookupRequest(keys=keys)).found)
+            assert found == [k in on[0] for k in keys]
+            assert re.search(r'mori_umbp_redis_degraded_shard_total\{backend="redis",'
+                             r'method="MatchExternalKv"\} [1-9]', m.metrics())
+            # Back (empty: no persistence here): reports reach it again.
+            b.start()
+            deadline = time.monotonic() + 20
+            while True:
+                c.report_external_kv_blocks("mm", on[1], UMBPTierType.DRAM)
+                got = c.match_external_kv(keys)[0].hashes_by_tier[UMBPTierType.DRAM]
+                if len(got) == 64:
+                    break
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        a.close()
+        b.close()
