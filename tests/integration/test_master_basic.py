@@ -16,7 +16,7 @@ GB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def master():
+def master(backend):
     m = Master()
     yield m
     assert m.stop() == 0

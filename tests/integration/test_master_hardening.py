@@ -19,7 +19,7 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.fixture(scope="module")
-def master():
+def master(backend):
     m = Master()
     yield m
     assert m.stop() == 0
