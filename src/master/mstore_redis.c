@@ -756,7 +756,10 @@ static void wipe_node(struct rstore *r, const char *id, bool blocks, bool extkv)
                 }
                 b_str(&b, id);
                 b_u64(&b, MSTORE_REDIS_CHUNK);
-                long long n = run_ep(r, ep_of(r, sh), &b, NULL) ? 0 : rep_int(b.c[0].rep);
+                /* Best effort per shard in multi mode (a failed one keeps its entries). */
+                long long n = run_ep(r, ep_of(r, sh), &b, r->nep > 1 ? "WipeNode" : NULL)
+                                  ? 0
+                                  : rep_int(b.c[0].rep);
                 b_free(&b);
                 if (n <= 0) break;
             }
@@ -828,6 +831,7 @@ static enum mstore_hb rs_heartbeat(struct mstore *s, const char *node_id, uint64
         /* The rest in bounded chunks, in order; a full sync first wipes the node's blocks.
          * Readers may see a chunk boundary (as readers of the reference see shard ones). */
         if (full) wipe_node(r, node_id, true, false);
+        bool shard_failed = false;
         struct mstore_event *part = r->nep > 1 ? malloc((nev + 1) * sizeof(*part)) : NULL;
         if (r->nep > 1 && !part) set_err(r, "out of memory");
         for (uint32_t sh = 0;
@@ -848,14 +852,17 @@ static enum mstore_hb rs_heartbeat(struct mstore *s, const char *node_id, uint64
                 b_i64(&e, now);
                 b_str(&e, full ? "1" : "0");
                 b_events(&e, r, node_id, pe + i, k);
-                int rc = run_ep(r, ep_of(r, sh), &e, NULL);
+                int rc = run_ep(r, ep_of(r, sh), &e, r->nep > 1 ? "ApplyHeartbeat" : NULL);
                 b_free(&e);
-                if (rc) break;
+                if (rc) {
+                    shard_failed = true;
+                    break;
+                }
             }
         }
         free(part);
         /* A step that failed leaves the node behind its sequence: ask for a full sync. */
-        if (t_err.set && t_err.owner == r) res = MSTORE_HB_SEQ_GAP;
+        if (shard_failed || (t_err.set && t_err.owner == r)) res = MSTORE_HB_SEQ_GAP;
     }
     OP_END(r, OP_HEARTBEAT);
     return res;

@@ -377,6 +377,8 @@ def test_multi_mode_two_endpoints_and_a_failed_shard():
             assert found == [k in on[0] for k in keys]
             assert re.search(r'mori_umbp_redis_degraded_shard_total\{backend="redis",'
                              r'method="MatchExternalKv"\} [1-9]', m.metrics())
+            # A heartbeat whose events cannot reach their shard asks for a full sync.
+            assert heartbeat(s, "mm", 2, adds=on[1][:2]).request_full_sync
             # Back (empty: no persistence here): reports reach it again.
             b.start()
             deadline = time.monotonic() + 20
