@@ -1176,6 +1176,57 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
             sh[i] = shard_of(r, keys[i].p, keys[i].n);
             cnt[sh[i]]++;
         }
+    size_t hcap = 64, nh = 0, ntab = 0;
+    redisReply *plain_peers = NULL;
+    if (!count_as_hit && r->nep == 1) {
+        /* A pure read on one endpoint: plain HGETALLs (Redis runs them several times faster
+         * than the same reads inside a script) and the ALIVE peer map, one pipeline. */
+        for (size_t i = 0; i < n; i++)
+            if (first[i]) {
+                b_cmd(&bs[0], "HGETALL", -1, 0);
+                b_shard_key(&bs[0], r, sh[i], ":extkv:", keys[i].p, keys[i].n, NULL);
+            }
+        b_cmd(&bs[0], "HGETALL", -1, 0);
+        b_str(&bs[0], r->k_peers);
+        if (run(r, &bs[0])) {
+            rc = 0; /* recorded */
+            goto out;
+        }
+        h = malloc(hcap * sizeof(*h));
+        tab = malloc(64 * sizeof(*tab)); /* per-call cache of interned nodes */
+        if (!h || !tab) goto out;
+        size_t c = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!first[i]) continue;
+            redisReply *e = bs[0].c[c++].rep;
+            for (size_t j = 0; e->type == REDIS_REPLY_ARRAY && j + 1 < e->elements; j += 2) {
+                redisReply *nm = e->element[j];
+                uint8_t tiers = (uint8_t)(rep_int(e->element[j + 1]) & 0xf);
+                if (!tiers || nm->type != REDIS_REPLY_STRING) continue;
+                uint32_t node = UINT32_MAX;
+                for (size_t k = 0; k < ntab; k++)
+                    if (tab[k].peer->len == nm->len &&
+                        memcmp(tab[k].peer->str, nm->str, nm->len) == 0) {
+                        node = tab[k].node;
+                        break;
+                    }
+                if (node == UINT32_MAX) {
+                    if (!intern(r, nm->str, nm->len, &node)) goto out;
+                    if (ntab < 64) tab[ntab++] = (struct mnode){node, nm};
+                }
+                if (nh == hcap) {
+                    struct mhit *nw = realloc(h, 2 * hcap * sizeof(*h));
+                    if (!nw) goto out;
+                    h = nw;
+                    hcap *= 2;
+                }
+                h[nh++] = (struct mhit){(uint32_t)i, node, tiers};
+            }
+        }
+        plain_peers = bs[0].c[c].rep;
+        ntab = 0; /* tab no longer holds peers */
+        goto group;
+    }
     /* One script per shard touched, one pipeline per endpoint. */
     for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
         cmdof[s2] = UINT32_MAX;
@@ -1202,7 +1253,6 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
         goto out;
     }
     /* Each shard's node table, interned once per call. */
-    size_t ntab = 0;
     for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
         redisReply *a = srep[s2];
         if (a &&
@@ -1213,7 +1263,6 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
             ntab += a->element[0]->elements / 2;
     }
     tab = malloc((ntab + 1) * sizeof(*tab));
-    size_t hcap = 64, nh = 0;
     h = malloc(hcap * sizeof(*h));
     if (!tab || !h) goto out;
     ntab = 0;
@@ -1252,6 +1301,7 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
         }
         cur[sh[i]] = *p == ';' ? p + 1 : p;
     }
+group:;
     /* Group as the in-memory store does: nodes in order of first appearance, per node and
      * tier the request-ordered indices in one pool. */
     uint32_t mcap = 16, nslots = 0;
@@ -1317,6 +1367,18 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
                 peerlen[i] = tab[k].peer->len;
                 break;
             }
+        size_t idl = strlen(mn->node_id);
+        for (size_t k = 0;
+             plain_peers && plain_peers->type == REDIS_REPLY_ARRAY && k + 1 < plain_peers->elements;
+             k += 2) {
+            redisReply *pk = plain_peers->element[k], *pv = plain_peers->element[k + 1];
+            if (pk->len == idl && memcmp(pk->str, mn->node_id, idl) == 0 &&
+                pv->type == REDIS_REPLY_STRING) {
+                peer[i] = pv->str;
+                peerlen[i] = pv->len;
+                break;
+            }
+        }
     }
     if (r->nep > 1 && nslots) {
         b_cmd(&pb, "HMGET", -1, 0);
