@@ -13,6 +13,7 @@
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +141,7 @@ struct rstore {
 
     struct metric *m_transport, *m_noscript, *m_pool_exhausted, *m_pool_wait;
     struct metric_family *f_degraded;
+    _Atomic uint64_t last_warn_ns;
     struct metric *m_lat[OP_COUNT];
 };
 #define RS(s) ((struct rstore *)(s))
@@ -368,14 +370,12 @@ static struct slot *pool_get(struct rstore *r, struct endpoint *ep) {
             if (!ep->slots[i].busy) {
                 ep->slots[i].busy = true;
                 pthread_mutex_unlock(&ep->mu);
+                if (t0 && r->m_pool_exhausted) metric_inc(r->m_pool_exhausted, 1);
                 if (t0 && r->m_pool_wait)
                     metric_observe(r->m_pool_wait, (double)(clock_mono_ns() - t0) / 1e9);
                 return &ep->slots[i];
             }
-        if (!t0) {
-            t0 = clock_mono_ns();
-            if (r->m_pool_exhausted) metric_inc(r->m_pool_exhausted, 1);
-        }
+        if (!t0) t0 = clock_mono_ns();
         pthread_cond_wait(&ep->cv, &ep->mu);
     }
 }
@@ -531,14 +531,19 @@ out:
     pool_put(ep, s);
     if (rc) {
         if (!*why) snprintf(why, sizeof(why), "%.100s:%d: unreachable", ep->host, ep->port);
+        /* At most one WARN a second while Redis is down (every RPC fails the same way). */
+        uint64_t now = clock_mono_ns(), last = atomic_load(&r->last_warn_ns);
+        bool say = now - last >= 1000000000ull &&
+                   atomic_compare_exchange_strong(&r->last_warn_ns, &last, now);
         if (degrade) {
             /* Multi mode: a failed shard reads as misses. */
-            log_warn(r->lg, "[MetadataStore] redis shard degraded (%s): %.300s", degrade, why);
+            if (say)
+                log_warn(r->lg, "[MetadataStore] redis shard degraded (%s): %.300s", degrade, why);
             const char *v[] = {"redis", degrade};
             if (r->f_degraded) metrics_add(r->f_degraded, v, 1);
         } else {
             set_err(r, "%s", why);
-            log_warn(r->lg, "[MetadataStore] redis: %.300s", why);
+            if (say) log_warn(r->lg, "[MetadataStore] redis: %.300s", why);
         }
     }
     return rc;
