@@ -392,3 +392,22 @@ def test_multi_mode_two_endpoints_and_a_failed_shard():
     finally:
         a.close()
         b.close()
+
+
+def test_hit_gc_on_every_replica(redis):
+    env = dict(redis_env("hitgc", redis), UMBP_HIT_INDEX_TTL_SEC="1",
+               UMBP_HIT_INDEX_GC_INTERVAL_SEC="1")
+    with Master(env=env) as m1, Master(env=env) as m2:
+        c = UMBPMasterClient(m1.addr, node_id="g", node_address="g:1")
+        c.register_self({UMBPTierType.DRAM: (GB, GB)})
+        c.report_external_kv_blocks("g", ["a", "b"], UMBPTierType.DRAM)
+        matches(m1, ["a", "b"], hit=True)
+        matches(m2, ["a"], hit=True)
+        assert counts(m2, ["a", "b"]) == {"a": 2, "b": 1}
+        deadline = time.monotonic() + 30
+        while counts(m1, ["a", "b"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert counts(m1, ["a", "b"]) == counts(m2, ["a", "b"]) == {}
+        assert redis.cli("SCARD", "{umbp:hitgc}:hit:index") == "0"
+        # Placements are not hit counters: still there.
+        assert [x.node_id for x in c.match_external_kv(["a", "b"])] == ["g"]
