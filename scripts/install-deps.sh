@@ -12,6 +12,8 @@ PKGS=(
   libcurl4-openssl-dev libexpat1-dev awscli
   # master
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
+  # master: the Redis metadata store (hiredis) and the Redis its tests start
+  libhiredis-dev redis-server redis-tools
   # tests
   libcmocka-dev python3-pytest python3-requests python3-zmq python3-msgpack python3-numpy
   python3-grpcio python3-protobuf python3-yaml prometheus curl procps systemd

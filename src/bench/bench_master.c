@@ -6,13 +6,16 @@
  * answering the same request and reply sizes. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
+#include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -517,10 +520,49 @@ static void run_echo(const char *const *hashes, size_t reply_bytes, size_t calls
     g_server = master;
 }
 
+/* ---- --backend redis: a redis-server of our own (unless --redis-uri) and its memory ---- */
+
+static pid_t spawn_redis(int port, char *dir) {
+    if (!mkdtemp(dir)) return 0;
+    char portarg[16];
+    snprintf(portarg, sizeof(portarg), "%d", port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) || getppid() == 1) _exit(127);
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0) dup2(fd, 1);
+        char *args[] = {"redis-server", "--port", portarg,  "--bind", "127.0.0.1",
+                        "--dir",        dir,      "--save", "",       "--appendonly",
+                        "no",           NULL};
+        execvp("redis-server", args);
+        _exit(127);
+    }
+    if (pid < 0) return 0;
+    wait_listen(port);
+    return pid;
+}
+
+/* used_memory of the Redis at host:port in bytes, or -1. */
+static long long redis_used_memory(const char *host, int port) {
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    long long v = -1;
+    if (c && !c->err) {
+        const char *pw = getenv("UMBP_REDIS_PASSWORD");
+        if (pw && *pw) freeReplyObject(redisCommand(c, "AUTH %s", pw));
+        redisReply *r = redisCommand(c, "INFO memory");
+        const char *p = r && r->type == REDIS_REPLY_STRING ? r->str : NULL;
+        if (p && (p = strstr(p, "used_memory:"))) v = strtoll(p + 12, NULL, 10);
+        if (r) freeReplyObject(r);
+    }
+    redisFree(c);
+    return v;
+}
+
 int bench_master_main(int argc, char **argv) {
     size_t entries = 1000000, calls = 20000;
     unsigned nthreads = 2; /* client threads, a connection each */
-    const char *ext = NULL;
+    const char *ext = NULL, *backend = "inmemory", *ruri = NULL;
     if (argc == 4 && strcmp(argv[1], "--serve-echo") == 0)
         return echo_serve(argv[2], strtoull(argv[3], 0, 10));
     for (int i = 1; i < argc; i++) {
@@ -532,9 +574,14 @@ int bench_master_main(int argc, char **argv) {
             ext = argv[++i];
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             nthreads = (unsigned)strtoul(argv[++i], 0, 10);
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            backend = argv[++i];
+        else if (strcmp(argv[i], "--redis-uri") == 0 && i + 1 < argc)
+            ruri = argv[++i];
         else {
             fprintf(stderr, "usage: lmcache bench master [--entries N] [--calls N] "
-                            "[--threads N] [--master host:port]\n");
+                            "[--threads N] [--master host:port] [--backend inmemory|redis] "
+                            "[--redis-uri tcp://host:port]\n");
             return 2;
         }
     }
@@ -544,6 +591,34 @@ int bench_master_main(int argc, char **argv) {
                 "--threads 1..%d\n",
                 MAX_THREADS);
         return 2;
+    }
+    bool redis = strcmp(backend, "redis") == 0;
+    if (!redis && strcmp(backend, "inmemory") != 0) {
+        fprintf(stderr, "lmcache bench master: --backend inmemory or redis\n");
+        return 2;
+    }
+    char rhost[128] = "127.0.0.1", rdir[] = "/tmp/lmcache-bench-redis-XXXXXX", ruri_buf[160];
+    int rport = 0;
+    pid_t rpid = 0;
+    if (redis && !ext) {
+        if (ruri) {
+            const char *h = strncmp(ruri, "tcp://", 6) == 0 ? ruri + 6 : ruri;
+            const char *colon = strrchr(h, ':');
+            snprintf(rhost, sizeof(rhost), "%.*s", (int)(colon ? colon - h : (long)strlen(h)), h);
+            rport = colon ? atoi(colon + 1) : 6379;
+        } else {
+            rport = free_port();
+            if (rport < 0 || !(rpid = spawn_redis(rport, rdir))) {
+                fprintf(stderr, "lmcache bench master: cannot start redis-server\n");
+                return 1;
+            }
+        }
+        snprintf(ruri_buf, sizeof(ruri_buf), "tcp://%s:%d", rhost, rport);
+        char ns[64];
+        snprintf(ns, sizeof(ns), "bench-%d", (int)getpid());
+        setenv("UMBP_METADATA_BACKEND", "redis", 1);
+        setenv("UMBP_REDIS_URI", ruri_buf, 1);
+        setenv("UMBP_REDIS_NAMESPACE", ns, 1);
     }
     char addr[64];
     pid_t pid = 0;
@@ -595,6 +670,7 @@ int bench_master_main(int argc, char **argv) {
         mixed[2 * i + 1] = miss + i * 65;
     }
     long rss0 = pid ? rss_kb(pid) : -1;
+    long long rmem0 = rport ? redis_used_memory(rhost, rport) : -1;
     printf("| setup | %zu entries = %zu hashes x %d replicas over %d nodes, 64-char hashes; "
            "%u client thread(s), a connection each |\n",
            nh * REPLICAS, nh, REPLICAS, NODES, nthreads);
@@ -620,6 +696,13 @@ int bench_master_main(int argc, char **argv) {
     double dt = now_s() - t0;
     printf("| ReportExternalKvBlocks (batches of <= %d per node) | %.0f hashes/s |\n",
            BATCH / NODES, (double)(nh * REPLICAS) / dt);
+    if (rport) {
+        long long rmem1 = redis_used_memory(rhost, rport);
+        printf("| Redis used_memory | %.1f MB before, %.1f MB after: %.1f MB per million entries "
+               "|\n",
+               (double)rmem0 / 1048576.0, (double)rmem1 / 1048576.0,
+               (double)(rmem1 - rmem0) / 1048576.0 / ((double)(nh * REPLICAS) / 1e6));
+    }
     if (pid) {
         long rss1 = rss_kb(pid);
         printf("| master RSS | %.1f MB before, %.1f MB after: %.1f MB per million entries |\n",
@@ -632,7 +715,7 @@ int bench_master_main(int argc, char **argv) {
     size_t all_bytes = run_match(qc, nthreads, hs, nh, 32, calls, all);
     run_match(qc, nthreads, mixed, 2 * nh, 1, calls / 10, half);
     size_t half_bytes = run_match(qc, nthreads, mixed, 2 * nh, 32, calls, half);
-    if (all_bytes && half_bytes) {
+    if (all_bytes && half_bytes && !redis) {
         const unsigned d2[] = {1, 32}, d1[] = {32};
         run_echo((const char *const *)hs, all_bytes, calls, d2, 2, nthreads,
                  "bare gRPC, same sizes as all indexed");
@@ -680,5 +763,9 @@ out:
     free(mixed);
     free(miss);
     stop_child(pid);
+    if (rpid) {
+        stop_child(rpid);
+        rmdir(rdir); /* --save "": nothing was written into it */
+    }
     return rc;
 }

@@ -23,6 +23,7 @@
 #include "master/mrelay.h"
 #include "master/mrpc.h"
 #include "master/mstore.h"
+#include "master/mstore_redis.h"
 
 static int64_t wall_ms(void) { return (int64_t)(clock_wall() * 1000.0); }
 
@@ -108,11 +109,27 @@ int master_main(int argc, char **argv) {
     struct master m = {.lg = log_get("lmcache.master"), .now_ms = wall_ms, .rand64 = rand64};
     mcfg_load(&m.cfg, env_get, env_warn, m.lg);
 
-    /* The one line printed whatever the log level. */
+    if (!m.cfg.redis_pool_size) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN) * 2;
+        m.cfg.redis_pool_size = (uint64_t)(n < 4 ? 4 : n > 32 ? 32 : n);
+    }
+
+    /* The one line printed whatever the log level (two with the Redis store). */
     char timing[512];
     mcfg_timing_line(&m.cfg, timing, sizeof(timing));
     printf("[Master] Resolved timing: %s\n", timing);
+    bool redis = strcmp(m.cfg.metadata_backend, "redis") == 0;
+    if (redis) {
+        char line[3200];
+        mcfg_store_line(&m.cfg, line, sizeof(line));
+        printf("[Master] Resolved metadata store: %s\n", line);
+    }
     fflush(stdout);
+    if (redis && m.cfg.redis_cluster) {
+        fprintf(stderr, "umbp_master: UMBP_REDIS_CLUSTER=1 (Redis Cluster) is not supported by "
+                        "this build's Redis store; use one endpoint or UMBP_REDIS_SHARD_URIS\n");
+        return 2;
+    }
     log_info(m.lg, "[Master] Resolved route-put strategy: select_algo=%s node_affinity=%s",
              m.cfg.route_put_select_algo, m.cfg.route_put_node_affinity);
 
@@ -128,18 +145,45 @@ int master_main(int argc, char **argv) {
     struct mhttp *h = NULL;
     struct periodic_registry *jobs = NULL;
     char err[256] = "";
-    struct mstore_mem_cfg scfg = {.shards = (uint32_t)m.cfg.index_shards};
-    m.store = mstore_mem_create(&scfg);
+    if (mport) {
+        m.metrics = metrics_new();
+        m.relay = mrelay_new();
+        if (!m.metrics || !m.relay) {
+            fprintf(stderr, "umbp_master: cannot set up metrics\n");
+            goto out_early;
+        }
+    }
+    if (redis) {
+        struct mstore_redis_cfg rcfg = {
+            .uri = m.cfg.redis_uri,
+            .shard_uris = m.cfg.redis_shard_uris,
+            .ns = m.cfg.redis_namespace,
+            .password = m.cfg.redis_password,
+            .connect_timeout_ms = (uint32_t)m.cfg.redis_connect_timeout_ms,
+            .socket_timeout_ms = (uint32_t)m.cfg.redis_socket_timeout_ms,
+            .pool_size = (uint32_t)m.cfg.redis_pool_size,
+            .shards = (uint32_t)m.cfg.redis_block_shards,
+            .required = (int)m.cfg.redis_required,
+            .metrics = m.metrics,
+            .lg = m.lg,
+        };
+        m.store = mstore_redis_create(&rcfg, err, sizeof(err));
+    } else {
+        struct mstore_mem_cfg scfg = {.shards = (uint32_t)m.cfg.index_shards};
+        m.store = mstore_mem_create(&scfg);
+        if (!m.store) snprintf(err, sizeof(err), "out of memory");
+    }
     if (!m.store) {
-        fprintf(stderr, "umbp_master: cannot create the metadata store\n");
+        fprintf(stderr, "umbp_master: cannot create the metadata store: %s\n", err);
+    out_early:
+        mrelay_free(m.relay);
+        metrics_free(m.metrics);
         return 1;
     }
     log_info(m.lg, "[MetadataStore] backend=%s", m.store->ops->name);
     log_info(m.lg, "[Master] Starting UMBP master on %s, metrics port %d", addr, mport);
     if (mport) {
-        m.metrics = metrics_new();
-        m.relay = mrelay_new();
-        if (!m.metrics || !m.relay || mrpc_metrics_init(&m)) {
+        if (mrpc_metrics_init(&m)) {
             fprintf(stderr, "umbp_master: cannot set up metrics\n");
             goto out;
         }

@@ -80,6 +80,17 @@ void mcfg_load(struct mcfg *c, const char *(*getenv_fn)(const char *),
     parse_enum(c->f, sizeof(c->f), env, getenv_fn(env), def, allowed, warn, arg);
     MCFG_ENUMS(MCFG_EPARSE)
 #undef MCFG_EPARSE
+#define MCFG_SPARSE(f, env, def, help)                                                             \
+    do {                                                                                           \
+        const char *v = getenv_fn(env);                                                            \
+        if (v && strlen(v) >= sizeof(c->f)) {                                                      \
+            warnf(warn, arg, env, "too long", v);                                                  \
+            v = NULL;                                                                              \
+        }                                                                                          \
+        snprintf(c->f, sizeof(c->f), "%s", v &&*v ? v : def);                                      \
+    } while (0);
+    MCFG_STRINGS(MCFG_SPARSE)
+#undef MCFG_SPARSE
     if (c->max_pollers < c->min_pollers) c->max_pollers = c->min_pollers;
 }
 
@@ -95,4 +106,19 @@ int mcfg_timing_line(const struct mcfg *c, char *buf, size_t len) {
         (unsigned long long)c->lease_duration_sec, (unsigned long long)c->hit_index_ttl_sec,
         (unsigned long long)c->hit_index_gc_interval_sec,
         (unsigned long long)c->hit_query_max_batch);
+}
+
+int mcfg_store_line(const struct mcfg *c, char *buf, size_t len) {
+    if (strcmp(c->metadata_backend, "redis") != 0)
+        return snprintf(buf, len, "backend=%s", c->metadata_backend);
+    return snprintf(
+        buf, len,
+        "backend=redis uri=%s namespace=%s password=%s shard_uris=%s cluster=%llu "
+        "block_shards=%llu pool_size=%llu connect_timeout=%llums socket_timeout=%llums "
+        "required=%llu",
+        c->redis_uri, c->redis_namespace, *c->redis_password ? "<redacted>" : "<none>",
+        *c->redis_shard_uris ? c->redis_shard_uris : "<none>", (unsigned long long)c->redis_cluster,
+        (unsigned long long)c->redis_block_shards, (unsigned long long)c->redis_pool_size,
+        (unsigned long long)c->redis_connect_timeout_ms,
+        (unsigned long long)c->redis_socket_timeout_ms, (unsigned long long)c->redis_required);
 }

@@ -38,7 +38,18 @@
     X(max_engine_desc_bytes, "LMCACHE_MASTER_MAX_ENGINE_DESC_BYTES", 1048576, 0, UINT32_MAX,       \
       "Largest engine_desc RegisterClient accepts")                                                \
     X(expired_retention_sec, "LMCACHE_MASTER_EXPIRED_RETENTION_SEC", 300, 0, UINT32_MAX,           \
-      "How long the record of an expired node is kept (a heartbeat revives it)")
+      "How long the record of an expired node is kept (a heartbeat revives it)")                   \
+    X(redis_connect_timeout_ms, "UMBP_REDIS_CONNECT_TIMEOUT_MS", 1000, 1, 600000,                  \
+      "Redis connect timeout")                                                                     \
+    X(redis_socket_timeout_ms, "UMBP_REDIS_SOCKET_TIMEOUT_MS", 1000, 1, 600000,                    \
+      "Redis per-command socket timeout")                                                          \
+    X(redis_pool_size, "UMBP_REDIS_POOL_SIZE", 0, 0, 1024,                                         \
+      "Redis connections per endpoint (0 = min(32, max(4, 2 x CPUs)))")                            \
+    X(redis_block_shards, "UMBP_REDIS_BLOCK_SHARDS", 1, 1, 4096,                                   \
+      "Key shards (hash tags) of the Redis store; fixed for a deployment")                         \
+    X(redis_cluster, "UMBP_REDIS_CLUSTER", 0, 0, 1, "1 selects Redis Cluster mode")                \
+    X(redis_required, "UMBP_REDIS_REQUIRED", 1, 0, 1,                                              \
+      "1: exit at start when Redis does not answer; 0: start degraded")
 
 /* X(field, env name, default, allowed values separated by '|', help) */
 #define MCFG_ENUMS(X)                                                                              \
@@ -46,7 +57,15 @@
       "most_available|random", "RoutePut base algorithm")                                          \
     X(route_put_node_affinity, "UMBP_ROUTE_PUT_NODE_AFFINITY", "none", "none|same|local",          \
       "RoutePut node affinity")                                                                    \
-    X(metadata_backend, "UMBP_METADATA_BACKEND", "inmemory", "inmemory", "Metadata store backend")
+    X(metadata_backend, "UMBP_METADATA_BACKEND", "inmemory", "inmemory|redis",                     \
+      "Metadata store backend")
+
+/* X(field, env name, default, help): free-form strings, kept as given. */
+#define MCFG_STRINGS(X)                                                                            \
+    X(redis_uri, "UMBP_REDIS_URI", "tcp://127.0.0.1:6379", "Redis endpoint tcp://host[:port]")     \
+    X(redis_namespace, "UMBP_REDIS_NAMESPACE", "default", "Namespace inside the Redis key tags")   \
+    X(redis_password, "UMBP_REDIS_PASSWORD", "", "Redis AUTH password (never printed)")            \
+    X(redis_shard_uris, "UMBP_REDIS_SHARD_URIS", "", "Comma-separated endpoints (multi mode)")
 
 struct mcfg {
 #define MCFG_FIELD(f, env, def, mn, mx, help) uint64_t f;
@@ -55,6 +74,9 @@ struct mcfg {
 #define MCFG_EFIELD(f, env, def, allowed, help) char f[32];
     MCFG_ENUMS(MCFG_EFIELD)
 #undef MCFG_EFIELD
+#define MCFG_SFIELD(f, env, def, help) char f[1024];
+    MCFG_STRINGS(MCFG_SFIELD)
+#undef MCFG_SFIELD
 };
 
 /* Reads every knob through getenv_fn (getenv in production). Invalid values fall back to
@@ -64,5 +86,9 @@ void mcfg_load(struct mcfg *c, const char *(*getenv_fn)(const char *),
 
 /* "heartbeat_ttl=10s reaper_interval=5s ..." (the "[Master] Resolved timing: " tail). */
 int mcfg_timing_line(const struct mcfg *c, char *buf, size_t len);
+
+/* "backend=redis uri=... namespace=... password=<redacted> ..." for the resolved-settings
+ * line of the metadata store; the password is never printed. */
+int mcfg_store_line(const struct mcfg *c, char *buf, size_t len);
 
 #endif

@@ -902,14 +902,22 @@ static void log_expired(const char *id, void *arg) {
 
 size_t mrpc_reap(struct master *m, int64_t now_ms) {
     int64_t cutoff = now_ms - stale_after_ms(m);
+    char why[192];
+    mstore_take_error(m->store, why, sizeof(why));
     size_t n = m->store->ops->expire_stale(
         m->store, cutoff, cutoff - (int64_t)m->cfg.expired_retention_sec * 1000, log_expired, m);
     if (n) met_client_count(m);
+    if (mstore_take_error(m->store, why, sizeof(why)))
+        log_warn(m->lg, "[Reaper] metadata store unavailable: %s", why);
     return n;
 }
 
 size_t mrpc_hit_gc(struct master *m, int64_t now_ms) {
+    char why[192];
+    mstore_take_error(m->store, why, sizeof(why));
     size_t n = m->store->ops->hit_gc(m->store, now_ms - (int64_t)m->cfg.hit_index_ttl_sec * 1000);
+    if (mstore_take_error(m->store, why, sizeof(why)))
+        log_warn(m->lg, "[Master] hit index GC: metadata store unavailable: %s", why);
     log_debug(m->lg, "[Master] hit index GC dropped %zu entries", n);
     return n;
 }
@@ -971,10 +979,8 @@ int mrpc_find(const char *path, size_t len) {
     return -1;
 }
 
-void mrpc_dispatch(struct master *m, size_t method, const uint8_t *data, size_t len,
-                   struct mrpc_reply *r) {
-    memset(r, 0, sizeof(*r));
-    if (method >= MRPC_NMETHODS) FAIL(r, 12 /* UNIMPLEMENTED */, "unknown method");
+static void dispatch(struct master *m, size_t method, const uint8_t *data, size_t len,
+                     struct mrpc_reply *r) {
     if (WIRE[method]) {
         WIRE[method](m, data, len, r);
         return;
@@ -995,4 +1001,23 @@ void mrpc_dispatch(struct master *m, size_t method, const uint8_t *data, size_t 
     else
         IMPL[method].fn(m, in, r);
     protobuf_c_message_free_unpacked(in, NULL);
+}
+
+/* A store failure during the call (a remote backend down) replaces whatever the handler
+ * answered: the results it saw were empty, not real. */
+void mrpc_dispatch(struct master *m, size_t method, const uint8_t *data, size_t len,
+                   struct mrpc_reply *r) {
+    memset(r, 0, sizeof(*r));
+    if (method >= MRPC_NMETHODS) FAIL(r, 12 /* UNIMPLEMENTED */, "unknown method");
+    char why[192];
+    mstore_take_error(m->store, why, sizeof(why));
+    dispatch(m, method, data, len, r);
+    if (mstore_take_error(m->store, why, sizeof(why))) {
+        free(r->buf);
+        r->buf = NULL;
+        r->len = 0;
+        r->status = MRPC_UNAVAILABLE;
+        snprintf(r->msg, sizeof(r->msg), "%s: metadata store unavailable: %s",
+                 MRPC_METHODS[method].name, why);
+    }
 }

@@ -157,11 +157,21 @@ struct mstore_ops {
                            size_t *nlocs);
     /* found[i]: key i has at least one location. Pure read. */
     void (*block_exists)(struct mstore *s, char *const *keys, size_t n, bool *found);
+
+    /* Optional (NULL for a store that cannot fail, like the in-memory one). A store on a
+     * remote backend records a failure of the calling thread's operations (results then read
+     * as empty); this returns 1 with a one-line reason in buf and clears it, else 0. The RPC
+     * layer turns it into UNAVAILABLE. */
+    int (*take_error)(struct mstore *s, char *buf, size_t len);
 };
 
 struct mstore {
     const struct mstore_ops *ops;
 };
+
+static inline int mstore_take_error(struct mstore *s, char *buf, size_t len) {
+    return s->ops->take_error ? s->ops->take_error(s, buf, len) : 0;
+}
 
 struct mstore_mem_cfg {
     uint32_t shards; /* power of two rounded up; 0 = 64 */

@@ -7,7 +7,7 @@ import signal
 import grpc
 import pytest
 
-from master_util import Master, build_dir, use_python_package
+from master_util import Master, build_dir, use_python_package, backend  # noqa: F401
 
 use_python_package()
 from umbp import UMBPMasterClient, UMBPTierType, pb, pb_grpc  # noqa: E402
@@ -16,7 +16,7 @@ GB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def master():
+def master(backend):
     m = Master()
     yield m
     assert m.stop() == 0

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from master_util import ROOT, Master, build_dir, use_python_package
+from master_util import ROOT, Master, build_dir, use_python_package, backend  # noqa: F401
 
 use_python_package()
 from umbp import (  # noqa: E402
@@ -23,7 +23,7 @@ _1GB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def master():
+def master(backend):
     m = Master()
     yield m
     assert m.stop() == 0

@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from master_util import Master, use_python_package
+from master_util import Master, use_python_package, backend  # noqa: F401
 
 use_python_package()
 from umbp import pb, pb_grpc  # noqa: E402
@@ -19,7 +19,7 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.fixture(scope="module")
-def master():
+def master(backend):
     m = Master()
     yield m
     assert m.stop() == 0
