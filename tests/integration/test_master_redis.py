@@ -3,6 +3,7 @@ outlives a master, replicas behind one Redis, Redis lost and back, start-up faul
 schema an operator reads, and bounded scripts for large full syncs."""
 
 import re
+import os
 import shutil
 import subprocess
 import time
@@ -15,7 +16,9 @@ from master_util import Master, RedisServer, free_port, lmcache_bin, redis_env, 
 use_python_package()
 from umbp import UMBPMasterClient, UMBPTierType, pb, pb_grpc  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server missing")
+# In CI they must run (scripts/install-deps.sh installs redis-server): a skip there is a failure.
+if not shutil.which("redis-server") and os.environ.get("CI", "").lower() in ("", "0", "false", "no"):
+    pytestmark = pytest.mark.skip(reason="redis-server missing")
 
 GB = 1 << 30
 
