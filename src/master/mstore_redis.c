@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/errbuf.h"
 #include "base/hash.h"
 #include "base/htab.h"
 #include "base/log.h"
@@ -1808,7 +1809,7 @@ static int probe(struct rstore *r, struct endpoint *ep, char *why, size_t wlen) 
 struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err, size_t errlen) {
     struct rstore *r = calloc(1, sizeof(*r));
     if (!r) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return NULL;
     }
     r->base.ops = &REDIS_OPS;
@@ -1827,7 +1828,7 @@ struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err
     r->ep = calloc(r->nep, sizeof(*r->ep));
     r->tag = calloc(r->nshards, sizeof(char *));
     if (!r->password || !r->ep || !r->tag || htab_init(&r->itab, 256, ident_hash, NULL)) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         free(r->ep);
         r->ep = NULL;
         goto fail;
@@ -1843,18 +1844,18 @@ struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err
         char one[512];
         snprintf(one, sizeof(one), "%.*s", (int)(comma ? comma - u : (long)strlen(u)), u);
         if (!ep->slots) {
-            snprintf(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             goto fail;
         }
         if (parse_uri(one, ep->host, sizeof(ep->host), &ep->port)) {
-            snprintf(err, errlen, "%s '%s' is not tcp://host[:port]",
-                     r->nep > 1 ? "UMBP_REDIS_SHARD_URIS entry" : "UMBP_REDIS_URI", one);
+            errbuf_set(err, errlen, "%s '%s' is not tcp://host[:port]",
+                       r->nep > 1 ? "UMBP_REDIS_SHARD_URIS entry" : "UMBP_REDIS_URI", one);
             goto fail;
         }
         u = comma ? comma + 1 : u + strlen(u);
     }
     if (strlen(cfg->ns) > 200 || strpbrk(cfg->ns, "{}")) {
-        snprintf(err, errlen, "UMBP_REDIS_NAMESPACE must be at most 200 bytes without braces");
+        errbuf_set(err, errlen, "UMBP_REDIS_NAMESPACE must be at most 200 bytes without braces");
         goto fail;
     }
     snprintf(r->ctl, sizeof(r->ctl), "{umbp:%s}", cfg->ns);
@@ -1870,7 +1871,7 @@ struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err
         char t[300];
         snprintf(t, sizeof(t), "{umbp:%s:b%u}", cfg->ns, i);
         if (!(r->tag[i] = strdup(t))) {
-            snprintf(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             goto fail;
         }
     }
@@ -1880,7 +1881,7 @@ struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err
         char why[384] = "";
         if (probe(r, &r->ep[e], why, sizeof(why)) == 0) continue;
         if (cfg->required) {
-            snprintf(err, errlen, "redis unavailable: %s", why);
+            errbuf_set(err, errlen, "redis unavailable: %s", why);
             goto fail;
         }
         log_warn(r->lg, "[MetadataStore] redis unavailable at start (%s); starting degraded", why);

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/errbuf.h"
+
 #define DEF_ROW(field, flag, type, group, def, min, max, choices, flags, help)                     \
     {#field,                                                                                       \
      flag,                                                                                         \
@@ -56,8 +58,8 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         return *(char **)p ? 0 : -1;
     case OPT_ENUM:
         if (!in_choices(d->choices, v)) {
-            snprintf(errbuf, errlen, "argument --%s: invalid choice: '%s' (choose from %s)",
-                     d->flag, v, d->choices);
+            errbuf_set(errbuf, errlen, "argument --%s: invalid choice: '%s' (choose from %s)",
+                       d->flag, v, d->choices);
             return -1;
         }
         free(*(char **)p);
@@ -67,12 +69,12 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         errno = 0;
         long n = strtol(v, &end, 10);
         if (!*v || *end || errno) {
-            snprintf(errbuf, errlen, "argument --%s: invalid int value: '%s'", d->flag, v);
+            errbuf_set(errbuf, errlen, "argument --%s: invalid int value: '%s'", d->flag, v);
             return -1;
         }
         if (d->min <= d->max && (n < d->min || n > d->max)) {
-            snprintf(errbuf, errlen, "argument --%s: %ld is out of range [%.0f, %.0f]", d->flag, n,
-                     d->min, d->max);
+            errbuf_set(errbuf, errlen, "argument --%s: %ld is out of range [%.0f, %.0f]", d->flag,
+                       n, d->min, d->max);
             return -1;
         }
         *(long *)p = n;
@@ -82,12 +84,12 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         errno = 0;
         double x = strtod(v, &end);
         if (!*v || *end || errno || !isfinite(x)) {
-            snprintf(errbuf, errlen, "argument --%s: invalid float value: '%s'", d->flag, v);
+            errbuf_set(errbuf, errlen, "argument --%s: invalid float value: '%s'", d->flag, v);
             return -1;
         }
         if (d->min <= d->max && (x < d->min || x > d->max)) {
-            snprintf(errbuf, errlen, "argument --%s: %g is out of range [%g, %g]", d->flag, x,
-                     d->min, d->max);
+            errbuf_set(errbuf, errlen, "argument --%s: %g is out of range [%g, %g]", d->flag, x,
+                       d->min, d->max);
             return -1;
         }
         *(double *)p = x;
@@ -99,7 +101,7 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)
             *(int *)p = 0;
         else {
-            snprintf(errbuf, errlen, "argument --%s: invalid bool value: '%s'", d->flag, v);
+            errbuf_set(errbuf, errlen, "argument --%s: invalid bool value: '%s'", d->flag, v);
             return -1;
         }
         return 0;
@@ -115,10 +117,10 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
             char *near = strstr(je.text, " near ");
             if (near) *near = '\0';
             if (o)
-                snprintf(errbuf, errlen, "argument --%s: not a JSON object", d->flag);
+                errbuf_set(errbuf, errlen, "argument --%s: not a JSON object", d->flag);
             else
-                snprintf(errbuf, errlen, "argument --%s: malformed JSON: %s (line %d, column %d)",
-                         d->flag, je.text, je.line, je.column);
+                errbuf_set(errbuf, errlen, "argument --%s: malformed JSON: %s (line %d, column %d)",
+                           d->flag, je.text, je.line, je.column);
             json_decref(o);
             return -1;
         }
@@ -148,8 +150,9 @@ static int validate_l2(const json_t *list, char *errbuf, size_t errlen) {
         for (size_t k = 0; t && k < sizeof(TYPES) / sizeof(TYPES[0]); k++)
             ok |= !strcmp(t, TYPES[k]);
         if (!ok) {
-            snprintf(errbuf, errlen,
-                     "argument --l2-adapter: adapter %zu: \"type\" must be one of fs, s3, dax", i);
+            errbuf_set(errbuf, errlen,
+                       "argument --l2-adapter: adapter %zu: \"type\" must be one of fs, s3, dax",
+                       i);
             return -1;
         }
     }
@@ -174,14 +177,14 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf,
             return 1;
         }
         if (strncmp(a, "--", 2) != 0) {
-            snprintf(errbuf, errlen, "unrecognized arguments: %s", a);
+            errbuf_set(errbuf, errlen, "unrecognized arguments: %s", a);
             return -1;
         }
         const char *name = a + 2, *eq = strchr(name, '=');
         size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
         const struct option_def *d = find_flag(name, nlen);
         if (!d) {
-            snprintf(errbuf, errlen, "unrecognized arguments: %s", a);
+            errbuf_set(errbuf, errlen, "unrecognized arguments: %s", a);
             return -1;
         }
         seen[d - SERVER_OPTION_DEFS] = 1;
@@ -205,7 +208,7 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf,
         const char *v = eq ? eq + 1 : NULL;
         if (!v) {
             if (i + 1 >= argc) {
-                snprintf(errbuf, errlen, "argument --%s: expected one argument", d->flag);
+                errbuf_set(errbuf, errlen, "argument --%s: expected one argument", d->flag);
                 return -1;
             }
             v = argv[++i];
@@ -221,7 +224,7 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf,
         }
     }
     if (*missing) {
-        snprintf(errbuf, errlen, "the following arguments are required: %s", missing);
+        errbuf_set(errbuf, errlen, "the following arguments are required: %s", missing);
         return -1;
     }
     if (cfg->l2_adapter && validate_l2(cfg->l2_adapter, errbuf, errlen) < 0) return -1;

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/ratelimit.h"
@@ -720,13 +721,14 @@ static char *read_file(const char *flag, const char *path, size_t max, size_t *l
                        size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(errbuf, errlen, "argument --%s: cannot read %s: %s", flag, path, strerror(errno));
+        errbuf_set(errbuf, errlen, "argument --%s: cannot read %s: %s", flag, path,
+                   strerror(errno));
         return NULL;
     }
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
-        snprintf(errbuf, errlen, "argument --%s: %s is not a regular file of at most %zu bytes",
-                 flag, path, max);
+        errbuf_set(errbuf, errlen, "argument --%s: %s is not a regular file of at most %zu bytes",
+                   flag, path, max);
         close(fd);
         return NULL;
     }
@@ -743,8 +745,8 @@ static char *read_file(const char *flag, const char *path, size_t max, size_t *l
     int saved = errno;
     close(fd);
     if (!buf || n != (size_t)st.st_size) {
-        snprintf(errbuf, errlen, "argument --%s: cannot read %s: %s", flag, path,
-                 buf ? strerror(saved) : "out of memory");
+        errbuf_set(errbuf, errlen, "argument --%s: cannot read %s: %s", flag, path,
+                   buf ? strerror(saved) : "out of memory");
         free(buf);
         return NULL;
     }
@@ -770,14 +772,14 @@ static int check_tls_pair(const char *cert_pem, const char *key_pem, char *errbu
     EVP_PKEY *k = kb ? PEM_read_bio_PrivateKey(kb, NULL, no_passphrase, NULL) : NULL;
     int rc = -1;
     if (!x)
-        snprintf(errbuf, errlen, "argument --http-tls-cert: no PEM certificate in the file");
+        errbuf_set(errbuf, errlen, "argument --http-tls-cert: no PEM certificate in the file");
     else if (!k)
-        snprintf(errbuf, errlen,
-                 "argument --http-tls-key: no unencrypted PEM private key in the file");
+        errbuf_set(errbuf, errlen,
+                   "argument --http-tls-key: no unencrypted PEM private key in the file");
     else if (X509_check_private_key(x, k) != 1)
-        snprintf(errbuf, errlen,
-                 "argument --http-tls-key: the key does not belong to the --http-tls-cert "
-                 "certificate");
+        errbuf_set(errbuf, errlen,
+                   "argument --http-tls-key: the key does not belong to the --http-tls-cert "
+                   "certificate");
     else
         rc = 0;
     X509_free(x);
@@ -813,10 +815,10 @@ int admin_options_load(struct admin_options *o, const struct server_config *cfg,
         for (size_t i = b; i < e; i++)
             if ((unsigned char)tok[i] <= ' ' || (unsigned char)tok[i] == 0x7f) bad = 1;
         if (e == b || bad) {
-            snprintf(errbuf, errlen,
-                     "argument --admin-token-file: %s must hold one token of printable "
-                     "characters without spaces (it is %s)",
-                     cfg->admin_token_file, e == b ? "empty" : "not");
+            errbuf_set(errbuf, errlen,
+                       "argument --admin-token-file: %s must hold one token of printable "
+                       "characters without spaces (it is %s)",
+                       cfg->admin_token_file, e == b ? "empty" : "not");
             OPENSSL_cleanse(tok, len);
             free(tok);
             return -1;
@@ -826,7 +828,7 @@ int admin_options_load(struct admin_options *o, const struct server_config *cfg,
         OPENSSL_cleanse(tok, len);
         free(tok);
         if (!o->token) {
-            snprintf(errbuf, errlen, "out of memory");
+            errbuf_set(errbuf, errlen, "out of memory");
             return -1;
         }
         o->token_set = 1;
@@ -835,15 +837,15 @@ int admin_options_load(struct admin_options *o, const struct server_config *cfg,
     int has_cert = cfg->http_tls_cert && *cfg->http_tls_cert;
     int has_key = cfg->http_tls_key && *cfg->http_tls_key;
     if (has_cert != has_key) {
-        snprintf(errbuf, errlen, "argument --%s: requires --%s",
-                 has_cert ? "http-tls-cert" : "http-tls-key",
-                 has_cert ? "http-tls-key" : "http-tls-cert");
+        errbuf_set(errbuf, errlen, "argument --%s: requires --%s",
+                   has_cert ? "http-tls-cert" : "http-tls-key",
+                   has_cert ? "http-tls-key" : "http-tls-cert");
         return -1;
     }
     if (has_cert) {
         if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
-            snprintf(errbuf, errlen,
-                     "argument --http-tls-cert: this libmicrohttpd was built without TLS");
+            errbuf_set(errbuf, errlen,
+                       "argument --http-tls-cert: this libmicrohttpd was built without TLS");
             return -1;
         }
         size_t len;
@@ -918,13 +920,13 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     snprintf(ps, sizeof(ps), "%d", o->port);
     int gai = getaddrinfo(o->host, ps, &hints, &res);
     if (gai != 0) {
-        snprintf(errbuf, errlen, "--http-host %s: %s", o->host, gai_strerror(gai));
+        errbuf_set(errbuf, errlen, "--http-host %s: %s", o->host, gai_strerror(gai));
         return NULL;
     }
     struct admin *a = calloc(1, sizeof(*a));
     if (!a) {
         freeaddrinfo(res);
-        snprintf(errbuf, errlen, "out of memory");
+        errbuf_set(errbuf, errlen, "out of memory");
         return NULL;
     }
     a->e = e;
@@ -947,7 +949,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     if (o->token && !(a->token = strdup(o->token))) {
         freeaddrinfo(res);
         admin_free(a);
-        snprintf(errbuf, errlen, "out of memory");
+        errbuf_set(errbuf, errlen, "out of memory");
         return NULL;
     }
     if (o->tls_cert) {
@@ -956,7 +958,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
         if (!a->tls_cert || !a->tls_key) {
             freeaddrinfo(res);
             admin_free(a);
-            snprintf(errbuf, errlen, "out of memory");
+            errbuf_set(errbuf, errlen, "out of memory");
             return NULL;
         }
     }
@@ -983,7 +985,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     if (!a->workers) {
         freeaddrinfo(res);
         admin_free(a);
-        snprintf(errbuf, errlen, "out of memory");
+        errbuf_set(errbuf, errlen, "out of memory");
         return NULL;
     }
     int perr = 0;
@@ -999,7 +1001,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
         freeaddrinfo(res);
         stop_threads(a);
         admin_free(a);
-        snprintf(errbuf, errlen, "cannot start admin threads: %s", strerror(perr));
+        errbuf_set(errbuf, errlen, "cannot start admin threads: %s", strerror(perr));
         return NULL;
     }
 
@@ -1028,13 +1030,13 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     freeaddrinfo(res);
     if (!a->d) {
         if (a->tls_cert)
-            snprintf(errbuf, errlen,
-                     "cannot listen on %s:%d (address in use or not available, or the TLS "
-                     "certificate and key do not load or match)",
-                     o->host, o->port);
+            errbuf_set(errbuf, errlen,
+                       "cannot listen on %s:%d (address in use or not available, or the TLS "
+                       "certificate and key do not load or match)",
+                       o->host, o->port);
         else
-            snprintf(errbuf, errlen, "cannot listen on %s:%d (address in use or not available)",
-                     o->host, o->port);
+            errbuf_set(errbuf, errlen, "cannot listen on %s:%d (address in use or not available)",
+                       o->host, o->port);
         stop_threads(a);
         admin_free(a);
         return NULL;

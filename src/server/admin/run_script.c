@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/strbuf.h"
 #include "server/admin/http.h"
@@ -276,12 +277,12 @@ static int resolve_user(const char *name, uid_t *uid, gid_t *gid, char *err, siz
         *uid = (uid_t)n; /* a uid without a passwd entry runs with the same group id */
         *gid = (gid_t)n;
     } else {
-        snprintf(err, errlen, "unknown --run-script-user '%.64s'%s%s", name, rc ? ": " : "",
-                 rc ? strerror(rc) : "");
+        errbuf_set(err, errlen, "unknown --run-script-user '%.64s'%s%s", name, rc ? ": " : "",
+                   rc ? strerror(rc) : "");
         return -1;
     }
     if (*uid == 0 || *gid == 0) {
-        snprintf(err, errlen, "--run-script-user '%.64s' is root: refusing to run as root", name);
+        errbuf_set(err, errlen, "--run-script-user '%.64s' is root: refusing to run as root", name);
         return -1;
     }
     return 0;

@@ -12,6 +12,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "server/l2/ctl_internal.h"
 
@@ -91,16 +92,16 @@ int l2ctl_create(const struct l2ctl_config *cfg, const json_t *adapter_configs, 
                  char *err, size_t errlen) {
     *out = NULL;
     if (!cfg->l1) {
-        snprintf(err, errlen, "the storage controller needs L1");
+        errbuf_set(err, errlen, "the storage controller needs L1");
         return L2_ERR_INVAL;
     }
     if (adapter_configs && !json_is_array(adapter_configs)) {
-        snprintf(err, errlen, "L2 adapter configs must be a JSON array");
+        errbuf_set(err, errlen, "L2 adapter configs must be a JSON array");
         return L2_ERR_INVAL;
     }
     struct l2ctl *c = calloc(1, sizeof(*c));
     if (!c) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return L2_ERR_NOMEM;
     }
     c->cfg = *cfg;
@@ -117,7 +118,7 @@ int l2ctl_create(const struct l2ctl_config *cfg, const json_t *adapter_configs, 
     c->ev = calloc(n ? n : 1, sizeof(*c->ev));
     c->nslots = c->ev ? n : 0;
     if (c->sub_fd < 0 || c->done_fd < 0 || !c->ad || !c->ev) {
-        snprintf(err, errlen, "out of memory or file descriptors");
+        errbuf_set(err, errlen, "out of memory or file descriptors");
         l2ctl_destroy(c);
         return L2_ERR_NOMEM;
     }
@@ -127,7 +128,7 @@ int l2ctl_create(const struct l2ctl_config *cfg, const json_t *adapter_configs, 
         int rc = ctl_ev_parse(ac, &c->ev[i], aerr, sizeof(aerr));
         if (rc == L2_OK) rc = l2_adapter_create(ac, &c->ad[i], aerr, sizeof(aerr));
         if (rc != L2_OK) {
-            snprintf(err, errlen, "L2 adapter %zu: %s", i, aerr);
+            errbuf_set(err, errlen, "L2 adapter %zu: %s", i, aerr);
             l2ctl_destroy(c);
             return rc;
         }
@@ -144,7 +145,7 @@ int l2ctl_create(const struct l2ctl_config *cfg, const json_t *adapter_configs, 
 int l2ctl_start(struct l2ctl *c, char *err, size_t errlen) {
     int e = pthread_create(&c->thread, NULL, ctl_main, c);
     if (e != 0) {
-        snprintf(err, errlen, "pthread_create: %s", strerror(e));
+        errbuf_set(err, errlen, "pthread_create: %s", strerror(e));
         return L2_ERR_NOMEM;
     }
     pthread_setname_np(c->thread, "l2-controller");

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
 #include "base/hash.h"
 #include "base/htab.h"
 #include "server/l2/ctl_internal.h"
@@ -170,7 +171,7 @@ int ctl_ev_parse(const json_t *cfg, struct ctl_evictor **out, char *err, size_t 
     json_t *e = json_object_get(cfg, "eviction");
     if (!e || json_is_null(e)) return L2_OK;
     if (!json_is_object(e)) {
-        snprintf(err, errlen, "\"eviction\" must be an object");
+        errbuf_set(err, errlen, "\"eviction\" must be an object");
         return L2_ERR_INVAL;
     }
     const char *pol = json_string_value(json_object_get(e, "eviction_policy"));
@@ -182,7 +183,7 @@ int ctl_ev_parse(const json_t *cfg, struct ctl_evictor **out, char *err, size_t 
     else if (pol && strcmp(pol, "noop") == 0)
         return L2_OK;
     else if (pol || json_object_get(e, "eviction_policy")) {
-        snprintf(err, errlen, "\"eviction_policy\" must be LRU, IsolatedLRU or noop");
+        errbuf_set(err, errlen, "\"eviction_policy\" must be LRU, IsolatedLRU or noop");
         return L2_ERR_INVAL;
     }
     double wm = 0.8, ratio = 0.2;
@@ -191,14 +192,14 @@ int ctl_ev_parse(const json_t *cfg, struct ctl_evictor **out, char *err, size_t 
     json_t *r = json_object_get(e, "eviction_ratio");
     if (r) ratio = json_is_number(r) ? json_number_value(r) : -1;
     if (!(wm > 0 && wm <= 1) || !(ratio >= 0 && ratio <= 1)) {
-        snprintf(err, errlen,
-                 "\"trigger_watermark\" must be in (0, 1], \"eviction_ratio\" in [0, 1]");
+        errbuf_set(err, errlen,
+                   "\"trigger_watermark\" must be in (0, 1], \"eviction_ratio\" in [0, 1]");
         return L2_ERR_INVAL;
     }
     struct ctl_evictor *ev = calloc(1, sizeof(*ev));
     if (!ev || htab_init(&ev->index, 1024, node_hash, NULL) != 0) {
         free(ev);
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return L2_ERR_NOMEM;
     }
     ev->policy = policy;

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/errbuf.h"
 #include "base/hash.h"
 #include "base/htab.h"
 #include "base/jfield.h"
@@ -214,7 +215,7 @@ int dax_dev_open(const char *path, uint64_t size, uint64_t slot_size, struct dax
                  char *err, size_t errlen) {
     *out = NULL;
     if (strlen(path) >= PATH_MAX || path[0] == 0) {
-        snprintf(err, errlen, "device_path must be a non-empty path");
+        errbuf_set(err, errlen, "device_path must be a non-empty path");
         return -1;
     }
     int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -224,18 +225,18 @@ int dax_dev_open(const char *path, uint64_t size, uint64_t slot_size, struct dax
         created = fd >= 0;
     }
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "fstat %s: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "fstat %s: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
     struct dax_dev *v = calloc(1, sizeof(*v));
     if (!v) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         close(fd);
         return -1;
     }
@@ -245,7 +246,7 @@ int dax_dev_open(const char *path, uint64_t size, uint64_t slot_size, struct dax
     char node[PATH_MAX];
     if (devdax_node(path, &st, created, node, sizeof(node))) {
         if (!sys_is_dax(node)) {
-            snprintf(err, errlen, "%s is a character device but not a Device-DAX device", path);
+            errbuf_set(err, errlen, "%s is a character device but not a Device-DAX device", path);
             goto fail;
         }
         char p[PATH_MAX + 16];
@@ -256,8 +257,8 @@ int dax_dev_open(const char *path, uint64_t size, uint64_t slot_size, struct dax
         if (read_sys_u64(p, &v->dev_max) != 0) v->dev_max = UINT64_MAX;
         v->data_off = 0;
         if (size > v->dev_max) {
-            snprintf(err, errlen, "size %llu exceeds the size of %s (%llu bytes)",
-                     (unsigned long long)size, path, (unsigned long long)v->dev_max);
+            errbuf_set(err, errlen, "size %llu exceeds the size of %s (%llu bytes)",
+                       (unsigned long long)size, path, (unsigned long long)v->dev_max);
             goto fail;
         }
     } else if (S_ISREG(st.st_mode)) {
@@ -269,34 +270,35 @@ int dax_dev_open(const char *path, uint64_t size, uint64_t slot_size, struct dax
             ssize_t n = pread(fd, hdr, sizeof(DAX_MAGIC_STR) - 1, 0);
             if (n != (ssize_t)sizeof(DAX_MAGIC_STR) - 1 ||
                 memcmp(hdr, DAX_MAGIC_STR, sizeof(DAX_MAGIC_STR) - 1) != 0) {
-                snprintf(err, errlen,
-                         "%s exists and is not a DAX arena file (refusing to overwrite it)", path);
+                errbuf_set(err, errlen,
+                           "%s exists and is not a DAX arena file (refusing to overwrite it)",
+                           path);
                 goto fail;
             }
         }
     } else {
-        snprintf(err, errlen, "%s is neither a Device-DAX device nor a regular file", path);
+        errbuf_set(err, errlen, "%s is neither a Device-DAX device nor a regular file", path);
         goto fail;
     }
     v->size = dev_round(size, v->align);
     if (v->size < v->data_off + slot_size) {
-        snprintf(err, errlen, "size %llu of %s holds no slot of %llu bytes",
-                 (unsigned long long)size, path, (unsigned long long)slot_size);
+        errbuf_set(err, errlen, "size %llu of %s holds no slot of %llu bytes",
+                   (unsigned long long)size, path, (unsigned long long)slot_size);
         goto fail;
     }
     uint64_t nslots = (v->size - v->data_off) / slot_size;
     if (nslots > UINT32_MAX - 1) {
-        snprintf(err, errlen, "size of %s gives too many slots", path);
+        errbuf_set(err, errlen, "size of %s gives too many slots", path);
         goto fail;
     }
     if (!v->is_devdax) {
         if (ftruncate(fd, (off_t)v->size) != 0) {
-            snprintf(err, errlen, "ftruncate %s: %s", path, strerror(errno));
+            errbuf_set(err, errlen, "ftruncate %s: %s", path, strerror(errno));
             goto fail;
         }
         if (pwrite(fd, DAX_MAGIC_STR, sizeof(DAX_MAGIC_STR) - 1, 0) !=
             (ssize_t)sizeof(DAX_MAGIC_STR) - 1) {
-            snprintf(err, errlen, "cannot write the header of %s: %s", path, strerror(errno));
+            errbuf_set(err, errlen, "cannot write the header of %s: %s", path, strerror(errno));
             goto fail;
         }
     }
@@ -304,14 +306,14 @@ int dax_dev_open(const char *path, uint64_t size, uint64_t slot_size, struct dax
     v->slots = calloc(nslots, sizeof(*v->slots));
     v->free_stack = calloc(nslots, sizeof(*v->free_stack));
     if (!v->map || !v->slots || !v->free_stack) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         free(v->map);
         goto fail;
     }
     void *base = mmap(NULL, v->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
-        snprintf(err, errlen, "mmap %s (%llu bytes): %s", path, (unsigned long long)v->size,
-                 strerror(errno));
+        errbuf_set(err, errlen, "mmap %s (%llu bytes): %s", path, (unsigned long long)v->size,
+                   strerror(errno));
         free(v->map);
         goto fail;
     }
@@ -550,7 +552,7 @@ static int dax_list(struct l2_adapter *a, const char *model_filter, size_t page_
         struct keys_object_key tk;
         char e[KEYS_ERR_MAX];
         if (keys_l2_name_parse(token, strlen(token), &tk, e, sizeof(e)) != 0) {
-            snprintf(err, errlen, "malformed page token");
+            errbuf_set(err, errlen, "malformed page token");
             return L2_ERR_BAD_TOKEN;
         }
     }
@@ -597,7 +599,7 @@ static int dax_list(struct l2_adapter *a, const char *model_filter, size_t page_
     free(v);
     if (rc != L2_OK) {
         l2_list_page_free(out);
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
     }
     return rc;
 }
@@ -719,7 +721,7 @@ static int parse_config(const json_t *cfg, uint64_t *slot_size, unsigned *worker
     const char *k = jfield_unknown(cfg, CONFIG_FIELDS);
     json_t *v, *s;
     if (k) {
-        snprintf(err, errlen, "dax: unknown field \"%s\"", k);
+        errbuf_set(err, errlen, "dax: unknown field \"%s\"", k);
         return -1;
     }
     *slot_size = DAX_DEFAULT_SLOT;
@@ -731,29 +733,29 @@ static int parse_config(const json_t *cfg, uint64_t *slot_size, unsigned *worker
     *workers = (unsigned)w;
     json_t *devs = json_object_get(cfg, "devices");
     if (!json_is_array(devs)) {
-        snprintf(err, errlen, "dax: \"devices\" must be an array of {device_path, size}");
+        errbuf_set(err, errlen, "dax: \"devices\" must be an array of {device_path, size}");
         return -1;
     }
     if (json_array_size(devs) > DAX_MAX_DEVICES) {
-        snprintf(err, errlen, "dax: at most %d devices", DAX_MAX_DEVICES);
+        errbuf_set(err, errlen, "dax: at most %d devices", DAX_MAX_DEVICES);
         return -1;
     }
     size_t i;
     json_array_foreach(devs, i, v) {
         if (!json_is_object(v)) {
-            snprintf(err, errlen, "dax: devices[%zu] must be an object", i);
+            errbuf_set(err, errlen, "dax: devices[%zu] must be an object", i);
             return -1;
         }
         if ((k = jfield_unknown(v, DEVICE_FIELDS))) {
-            snprintf(err, errlen, "dax: devices[%zu]: unknown field \"%s\"", i, k);
+            errbuf_set(err, errlen, "dax: devices[%zu]: unknown field \"%s\"", i, k);
             return -1;
         }
         if (!json_is_string(json_object_get(v, "device_path"))) {
-            snprintf(err, errlen, "dax: devices[%zu].device_path must be a string", i);
+            errbuf_set(err, errlen, "dax: devices[%zu].device_path must be a string", i);
             return -1;
         }
         if (!json_object_get(v, "size")) {
-            snprintf(err, errlen, "dax: devices[%zu].size is required", i);
+            errbuf_set(err, errlen, "dax: devices[%zu].size is required", i);
             return -1;
         }
     }
@@ -767,7 +769,7 @@ int dax_adapter_create(const json_t *config, struct l2_adapter **out, char *err,
     if (parse_config(config, &slot_size, &workers, err, errlen) != 0) return L2_ERR_INVAL;
     struct dax *d = calloc(1, sizeof(*d));
     if (!d) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return L2_ERR_NOMEM;
     }
     int rc = l2_adapter_base_init(&d->base, &DAX_OPS, config, err, errlen);
@@ -781,7 +783,7 @@ int dax_adapter_create(const json_t *config, struct l2_adapter **out, char *err,
         pthread_mutex_init(&d->mu, NULL) != 0 || pthread_cond_init(&d->cv, NULL) != 0 ||
         pthread_mutex_init(&d->reconf_mu, NULL) != 0 || pthread_mutex_init(&d->q_mu, NULL) != 0 ||
         pthread_cond_init(&d->q_cv, NULL) != 0) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         htab_fini(&d->index);
         l2_adapter_base_fini(&d->base);
         free(d);
@@ -800,7 +802,7 @@ int dax_adapter_create(const json_t *config, struct l2_adapter **out, char *err,
             src = -1;
         }
         if (src != 0 || dax_dev_open(path, size, slot_size, &dv, e, sizeof(e)) != 0) {
-            snprintf(err, errlen, "dax: devices[%zu]: %s", i, e);
+            errbuf_set(err, errlen, "dax: devices[%zu]: %s", i, e);
             dax_free_state(d);
             l2_adapter_base_fini(&d->base);
             free(d);
@@ -811,7 +813,7 @@ int dax_adapter_create(const json_t *config, struct l2_adapter **out, char *err,
     do_dax_update_capacity(d);
     for (unsigned w = 0; w < workers; w++) {
         if (pthread_create(&d->workers[w], NULL, worker_main, d) != 0) {
-            snprintf(err, errlen, "dax: cannot start worker threads");
+            errbuf_set(err, errlen, "dax: cannot start worker threads");
             d->nworkers = w;
             dax_destroy(&d->base);
             return L2_ERR_NOMEM;

@@ -35,6 +35,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "base/errbuf.h"
 #include "base/hash.h"
 #include "base/htab.h"
 #include "base/jfield.h"
@@ -826,13 +827,13 @@ static int fs_list(struct l2_adapter *a, const char *model_filter, size_t page_s
     if (token && *token) {
         size_t tl = strlen(token);
         if (tl % 2 || tl / 2 >= sizeof(after)) {
-            snprintf(err, errlen, "malformed page_token");
+            errbuf_set(err, errlen, "malformed page_token");
             return L2_ERR_BAD_TOKEN;
         }
         for (size_t i = 0; i < tl / 2; i++) {
             int hi = hexval(token[2 * i]), lo = hexval(token[2 * i + 1]);
             if (hi < 0 || lo < 0 || (hi | lo) == 0) {
-                snprintf(err, errlen, "malformed page_token");
+                errbuf_set(err, errlen, "malformed page_token");
                 return L2_ERR_BAD_TOKEN;
             }
             after[i] = (char)(hi << 4 | lo);
@@ -844,7 +845,7 @@ static int fs_list(struct l2_adapter *a, const char *model_filter, size_t page_s
     struct cand *c = malloc((fs->index.count + 1) * sizeof(*c));
     if (!c) {
         pthread_mutex_unlock(&fs->idx_mu);
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return L2_ERR_NOMEM;
     }
     size_t nc = 0;
@@ -874,7 +875,7 @@ static int fs_list(struct l2_adapter *a, const char *model_filter, size_t page_s
     pthread_mutex_unlock(&fs->idx_mu);
     free(c);
     if (rc != L2_OK) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return rc;
     }
     if (nc > take) {
@@ -882,7 +883,7 @@ static int fs_list(struct l2_adapter *a, const char *model_filter, size_t page_s
         out->next_token = malloc(2 * ll + 1);
         if (!out->next_token) {
             l2_list_page_free(out);
-            snprintf(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             return L2_ERR_NOMEM;
         }
         keys_hex_encode((const uint8_t *)last, ll, out->next_token);
@@ -1000,7 +1001,7 @@ static void rescan_one(struct fs *fs, int dfd, const char *fname) {
 static int rescan(struct fs *fs, char *err, size_t errlen) {
     DIR *d = opendir(fs->base_path);
     if (!d) {
-        snprintf(err, errlen, "opendir %s: %s", fs->base_path, strerror(errno));
+        errbuf_set(err, errlen, "opendir %s: %s", fs->base_path, strerror(errno));
         return L2_ERR_IO;
     }
     struct dirent *de;
@@ -1036,11 +1037,11 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
     *out = NULL;
     const char *base = json_string_value(json_object_get(config, "base_path"));
     if (!base || !*base) {
-        snprintf(err, errlen, "fs adapter: \"base_path\" (a non-empty string) is required");
+        errbuf_set(err, errlen, "fs adapter: \"base_path\" (a non-empty string) is required");
         return L2_ERR_INVAL;
     }
     if (strlen(base) >= PATH_MAX - FS_NAME_MAX - 80) {
-        snprintf(err, errlen, "fs adapter: \"base_path\" is too long");
+        errbuf_set(err, errlen, "fs adapter: \"base_path\" is too long");
         return L2_ERR_INVAL;
     }
     bool o_direct = false, use_uring = true;
@@ -1055,12 +1056,12 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
     if (l2_config_capacity(config, "max_capacity_gb", &cap, err, errlen) != L2_OK)
         return L2_ERR_INVAL;
     if (mkdirs(base) != 0) {
-        snprintf(err, errlen, "fs adapter: cannot create %s: %s", base, strerror(errno));
+        errbuf_set(err, errlen, "fs adapter: cannot create %s: %s", base, strerror(errno));
         return L2_ERR_IO;
     }
     struct fs *fs = calloc(1, sizeof(*fs));
     if (!fs) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return L2_ERR_NOMEM;
     }
     int rc = l2_adapter_base_init(&fs->base, &fs_ops, config, err, errlen);
@@ -1081,7 +1082,7 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
     pthread_cond_init(&fs->q_cv, NULL);
     pthread_mutex_init(&fs->inj_mu, NULL);
     if (htab_init(&fs->index, 1024, entry_hash, NULL) != 0) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         fs_destroy(&fs->base);
         return L2_ERR_NOMEM;
     }
@@ -1116,7 +1117,7 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
     fs->threads = calloc(fs->nthreads, sizeof(*fs->threads));
     if (!fs->threads) {
         fs->nthreads = 0;
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         fs_destroy(&fs->base);
         return L2_ERR_NOMEM;
     }
@@ -1124,7 +1125,7 @@ int fs_adapter_create(const json_t *config, struct l2_adapter **out, char *err, 
         int e = pthread_create(&fs->threads[i], NULL, fs->uring ? uring_main : thread_main, fs);
         if (e != 0) {
             fs->nthreads = i;
-            snprintf(err, errlen, "pthread_create: %s", strerror(e));
+            errbuf_set(err, errlen, "pthread_create: %s", strerror(e));
             fs_destroy(&fs->base);
             return L2_ERR_NOMEM;
         }

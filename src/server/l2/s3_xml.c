@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
+
 #define S3_XML_DEPTH_MAX 32
 
 enum field { F_NONE, F_KEY, F_SIZE, F_TOKEN, F_TRUNC, F_CODE, F_MSG };
@@ -190,12 +192,12 @@ static void XMLCALL on_doctype(void *ud, const XML_Char *name, const XML_Char *s
 
 static int run(struct pstate *ps, const char *doc, size_t len, char *err, size_t errlen) {
     if (len > (size_t)INT32_MAX) {
-        snprintf(err, errlen, "XML document too large");
+        errbuf_set(err, errlen, "XML document too large");
         return -1;
     }
     ps->p = XML_ParserCreate("UTF-8");
     if (!ps->p) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     XML_SetUserData(ps->p, ps);
@@ -205,15 +207,15 @@ static int run(struct pstate *ps, const char *doc, size_t len, char *err, size_t
     enum XML_Status st = XML_Parse(ps->p, doc, (int)len, XML_TRUE);
     int rc = 0;
     if (ps->fail) {
-        snprintf(err, errlen, "%s", ps->why);
+        errbuf_set(err, errlen, "%s", ps->why);
         rc = -1;
     } else if (st != XML_STATUS_OK) {
-        snprintf(err, errlen, "malformed XML at line %lu: %s",
-                 (unsigned long)XML_GetCurrentLineNumber(ps->p),
-                 XML_ErrorString(XML_GetErrorCode(ps->p)));
+        errbuf_set(err, errlen, "malformed XML at line %lu: %s",
+                   (unsigned long)XML_GetCurrentLineNumber(ps->p),
+                   XML_ErrorString(XML_GetErrorCode(ps->p)));
         rc = -1;
     } else if (!ps->root_ok) {
-        snprintf(err, errlen, "unexpected root element");
+        errbuf_set(err, errlen, "unexpected root element");
         rc = -1;
     }
     XML_ParserFree(ps->p);
@@ -227,7 +229,7 @@ int s3_xml_parse_list(const char *doc, size_t len, struct s3_xml_list *out, char
     memset(out, 0, sizeof(*out));
     struct pstate *ps = calloc(1, sizeof(*ps));
     if (!ps) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     ps->is_list = true;
