@@ -62,6 +62,8 @@ int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity 
 /* No RPC when this client has not registered. */
 int umbp_client_unregister(struct umbp_client *c, char *err, size_t errlen);
 bool umbp_client_is_registered(const struct umbp_client *c);
+/* The heartbeat interval the master returned at the last successful registration (0 before). */
+uint32_t umbp_client_heartbeat_interval_ms(const struct umbp_client *c);
 /* A keepalive heartbeat (no events); *alive is false when the master does not know us. */
 int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t errlen);
 

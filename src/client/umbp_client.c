@@ -22,6 +22,7 @@ struct umbp_client {
     grpc_completion_queue *cq;
     char *node_id, *node_address;
     uint32_t timeout_ms;
+    uint32_t heartbeat_interval_ms; /* from the last RegisterClient */
     bool registered;
 };
 
@@ -78,6 +79,10 @@ void umbp_client_free(struct umbp_client *c) {
 void umbp_client_set_timeout_ms(struct umbp_client *c, uint32_t ms) { c->timeout_ms = ms; }
 
 bool umbp_client_is_registered(const struct umbp_client *c) { return c->registered; }
+
+uint32_t umbp_client_heartbeat_interval_ms(const struct umbp_client *c) {
+    return c->heartbeat_interval_ms;
+}
 
 /* One in-flight unary call. */
 struct ucall {
@@ -195,9 +200,15 @@ int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity 
     q.node_address = c->node_address;
     q.n_tier_capacities = ncaps;
     q.tier_capacities = ptc;
-    int rc = unary(c, "RegisterClient", &q.base, &umbp__register_client_response__descriptor, NULL,
+    ProtobufCMessage *out = NULL;
+    int rc = unary(c, "RegisterClient", &q.base, &umbp__register_client_response__descriptor, &out,
                    err, errlen);
-    if (rc == 0) c->registered = true;
+    if (rc == 0) {
+        c->registered = true;
+        c->heartbeat_interval_ms =
+            (uint32_t)((Umbp__RegisterClientResponse *)out)->heartbeat_interval_ms;
+        protobuf_c_message_free_unpacked(out, NULL);
+    }
     free(tc);
     free(ptc);
     return rc;

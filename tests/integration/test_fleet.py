@@ -1,0 +1,206 @@
+"""Servers reporting to the master (`lmcache server --master-address`), over real processes on
+loopback: registration, placements of L1 (DRAM) and fs (SSD) objects under the documented
+placement hashes, revokes on clear / delete / eviction, the reaper after SIGKILL, a master
+restart followed by re-registration and a full report, and a master that is down costing the
+data path nothing."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import free_port
+from dp_util import DPClient
+from master_util import ROOT, build_dir, lmcache_bin, use_python_package, wait_port
+
+use_python_package()
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from lmcache_fleet import kv_rank, placement_hash, placement_hashes  # noqa: E402
+from umbp import UMBPMasterClient, UMBPTierType  # noqa: E402
+
+CHUNK = 16
+# Short TTLs: a node expires 2 s after its last heartbeat; heartbeats every 500 ms.
+FAST = {"UMBP_HEARTBEAT_TTL_SEC": "1", "UMBP_MAX_MISSED_HEARTBEATS": "2",
+        "UMBP_REAPER_INTERVAL_SEC": "1", "LMCACHE_MASTER_EXPIRED_RETENTION_SEC": "0"}
+
+
+class Master:
+    def __init__(self, port=None, env=None):
+        self.port = port or free_port()
+        self.addr = "127.0.0.1:%d" % self.port
+        e = dict(os.environ, LMCACHE_MASTER_METRICS_HOST="127.0.0.1", **FAST)
+        e.update(env or {})
+        self.proc = subprocess.Popen([lmcache_bin(), "master", self.addr, "0"], env=e,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_port(self.port, self.proc)
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.communicate(timeout=30)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def master():
+    m = Master()
+    yield m
+    m.stop()
+
+
+def prompt(seed, chunks):
+    import random
+    rnd = random.Random(seed)
+    return [rnd.randrange(1 << 31) for _ in range(chunks * CHUNK)]
+
+
+def wait_for(cond, timeout=15):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    return cond()
+
+
+def fleet_server(make_server, master_addr, node_id, *args, **kw):
+    s = make_server(args=["--chunk-size", str(CHUNK), "--master-address", master_addr,
+                          "--node-id", node_id, "--node-address", node_id + ":5555"] + list(args),
+                    **kw)
+    return s, DPClient(s.zmq_port)
+
+
+def matches(addr, hashes):
+    """{node_id: {tier: set(hashes)}} for the hashes."""
+    c = UMBPMasterClient(addr)
+    out = {}
+    for m in c.match_external_kv(hashes):
+        out[m.node_id] = {int(t): set(hs) for t, hs in m.hashes_by_tier.items()}
+    return out
+
+
+def store(c, seed, chunks=2, salt="", model="m"):
+    r = c.call("store_bytes", model_name=model, cache_salt=salt, token_ids=prompt(seed, chunks),
+               chunks=[b"x" * 256] * chunks)
+    assert r["stored_chunks"] == chunks
+    return placement_hashes(model, prompt(seed, chunks), cache_salt=salt, chunk_size=CHUNK)
+
+
+def test_recipe_vectors_match_the_c_side():
+    # The same vectors as tests/unit/test_fleethash.c.
+    assert kv_rank(1, 0) == 0x01000100 and kv_rank(4, 2) == 0x04020402
+    assert placement_hash("m", "", kv_rank(), bytes(range(32))) == (
+        "47c444583894c818c55e82694cdecad9e4f2e4c084a03b4c85b1f6373b3be27f")
+    # Tenants and models never share a placement.
+    assert placement_hash("m", "a", 1, b"\1") != placement_hash("m", "b", 1, b"\1")
+    assert placement_hash("m", "", 1, b"\1") != placement_hash("n", "", 1, b"\1")
+
+
+def test_two_servers_report_placements_and_revokes(master, make_server, tmp_path):
+    base = tmp_path / "l2"
+    base.mkdir()
+    s1, c1 = fleet_server(make_server, master.addr, "node-a")
+    s2, c2 = fleet_server(make_server, master.addr, "node-b", "--l2-adapter",
+                          json.dumps({"type": "fs", "base_path": str(base)}))
+    h1 = store(c1, 1)
+    h2 = store(c2, 2)
+    # The reported strings are the recipe's: a router computes them from token ids alone.
+    assert wait_for(lambda: matches(master.addr, h1) == {
+        "node-a": {UMBPTierType.DRAM: set(h1)}})
+    assert wait_for(lambda: matches(master.addr, h2).get("node-b") == {
+        UMBPTierType.DRAM: set(h2), UMBPTierType.SSD: set(h2)})
+    # The same prompt under another tenant matches nothing.
+    other = placement_hashes("m", prompt(1, 2), cache_salt="tenant-b", chunk_size=CHUNK)
+    assert matches(master.addr, other) == {}
+    st = s1.get("/status").json()["master"]
+    assert st["connected"] and st["registered"] and st["node_id"] == "node-a"
+    assert st["node_address"] == "node-a:5555" and st["tracked_hashes"] == 2
+    m = s1.get("/metrics").text
+    assert "lmcache_mp_master_connected 1" in m
+    assert "lmcache_mp_master_reported_hashes_total 2" in m
+
+    # POST /cache/clear revokes node-b's DRAM placements; its SSD copies stay.
+    assert s2.post("/cache/clear").status_code == 200
+    assert wait_for(lambda: matches(master.addr, h2).get("node-b") == {
+        UMBPTierType.SSD: set(h2)})
+    # DELETE /cache/objects of one L2 object revokes that hash on SSD.
+    key = s2.get("/cache/objects").json()["entries"][0]["key"]
+    gone = placement_hash(key["model_name"], key["cache_salt"], key["kv_rank"],
+                          bytes.fromhex(key["chunk_hash_hex"]))
+    assert gone in h2
+    assert s2.delete("/cache/objects", json={"keys": [key]}).status_code == 200
+    assert wait_for(lambda: matches(master.addr, h2).get("node-b") == {
+        UMBPTierType.SSD: set(h2) - {gone}})
+    # A clean shutdown unregisters: node-a's placements go at once.
+    assert s1.stop() == 0
+    assert matches(master.addr, h1) == {}
+
+
+def test_l1_eviction_revokes(master, make_server):
+    # 2 MiB of L1, 256 KiB objects: sixteen stores evict the first.
+    s, c = fleet_server(make_server, master.addr, "node-e", l1_size_gb=2 / 1024)
+    blob = b"e" * (256 << 10)
+    first = None
+    for i in range(16):
+        toks = prompt(100 + i, 1)
+        assert c.call("store_bytes", model_name="m", token_ids=toks,
+                      chunks=[blob])["stored_chunks"] == 1
+        if first is None:
+            first = placement_hashes("m", toks, chunk_size=CHUNK)
+    last = placement_hashes("m", prompt(115, 1), chunk_size=CHUNK)
+    assert wait_for(lambda: "node-e" in matches(master.addr, last))
+    assert wait_for(lambda: matches(master.addr, first) == {})
+
+
+def test_sigkill_is_reaped_after_the_ttl(master, make_server):
+    s, c = fleet_server(make_server, master.addr, "node-k")
+    h = store(c, 7)
+    assert wait_for(lambda: "node-k" in matches(master.addr, h))
+    s.proc.send_signal(signal.SIGKILL)
+    s.proc.wait()
+    s.log.close()
+    s.proc.returncode = 0  # the fixture's clean-exit check does not apply
+    # TTL 1 s x 2 missed + reaper 1 s: gone within a few seconds, no unregister sent.
+    assert wait_for(lambda: matches(master.addr, h) == {}, timeout=20)
+
+
+def test_master_restart_is_followed_by_a_full_report(make_server):
+    m = Master()
+    try:
+        s, c = fleet_server(make_server, m.addr, "node-r")
+        h = store(c, 11)
+        assert wait_for(lambda: "node-r" in matches(m.addr, h))
+        full0 = s.get("/status").json()["master"]
+        m.stop()
+        # The master is down: stores still succeed, the reporter marks itself dirty.
+        h2 = store(c, 12)
+        assert wait_for(lambda: not s.get("/status").json()["master"]["connected"])
+        assert "lmcache_mp_master_connected 0" in s.get("/metrics").text
+        m = Master(port=m.port)
+        # Back: the node registers anew and reports everything it holds (old and new).
+        assert wait_for(lambda: matches(m.addr, h + h2).get("node-r") == {
+            UMBPTierType.DRAM: set(h + h2)})
+        st = s.get("/status").json()["master"]
+        assert st["connected"] and not st["full_sync_pending"]
+        assert full0["heartbeat_interval_ms"] == 500
+        text = s.get("/metrics").text
+        full = [ln for ln in text.splitlines()
+                if ln.startswith("lmcache_mp_master_full_syncs_total ")]
+        assert full and float(full[0].split()[1]) >= 2
+    finally:
+        m.stop()
+
+
+def test_master_never_up_costs_the_data_path_nothing(make_server):
+    port = free_port()  # nobody listens there
+    s, c = fleet_server(make_server, "127.0.0.1:%d" % port, "node-x")
+    for i in range(20):
+        store(c, 200 + i)
+    st = s.get("/status").json()["master"]
+    assert not st["connected"] and not st["registered"]
+    assert st["tracked_hashes"] == 40
+    assert s.get("/healthcheck").status_code == 200
