@@ -62,6 +62,9 @@ int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity 
 /* No RPC when this client has not registered. */
 int umbp_client_unregister(struct umbp_client *c, char *err, size_t errlen);
 bool umbp_client_is_registered(const struct umbp_client *c);
+/* The peer_address later registrations send (MatchExternalKv answers it); none by default.
+ * 0, or -1 when out of memory. */
+int umbp_client_set_peer_address(struct umbp_client *c, const char *peer_address);
 /* The heartbeat interval the master returned at the last successful registration (0 before). */
 uint32_t umbp_client_heartbeat_interval_ms(const struct umbp_client *c);
 /* A keepalive heartbeat (no events); *alive is false when the master does not know us. */

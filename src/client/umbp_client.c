@@ -21,6 +21,7 @@ struct umbp_client {
     grpc_channel *ch;
     grpc_completion_queue *cq;
     char *node_id, *node_address;
+    char *peer_address; /* NULL: none sent */
     uint32_t timeout_ms;
     uint32_t heartbeat_interval_ms; /* from the last RegisterClient */
     bool registered;
@@ -73,12 +74,21 @@ void umbp_client_free(struct umbp_client *c) {
     }
     free(c->node_id);
     free(c->node_address);
+    free(c->peer_address);
     free(c);
 }
 
 void umbp_client_set_timeout_ms(struct umbp_client *c, uint32_t ms) { c->timeout_ms = ms; }
 
 bool umbp_client_is_registered(const struct umbp_client *c) { return c->registered; }
+
+int umbp_client_set_peer_address(struct umbp_client *c, const char *peer_address) {
+    char *p = strdup(peer_address);
+    if (!p) return -1;
+    free(c->peer_address);
+    c->peer_address = p;
+    return 0;
+}
 
 uint32_t umbp_client_heartbeat_interval_ms(const struct umbp_client *c) {
     return c->heartbeat_interval_ms;
@@ -198,6 +208,7 @@ int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity 
     Umbp__RegisterClientRequest q = UMBP__REGISTER_CLIENT_REQUEST__INIT;
     q.node_id = c->node_id;
     q.node_address = c->node_address;
+    if (c->peer_address) q.peer_address = c->peer_address;
     q.n_tier_capacities = ncaps;
     q.tier_capacities = ptc;
     ProtobufCMessage *out = NULL;

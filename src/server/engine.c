@@ -20,7 +20,7 @@
 #include "base/metrics.h"
 #include "base/periodic.h"
 #include "base/version.h"
-#include "server/fleethash.h"
+#include "base/fleethash.h"
 #include "server/keys.h"
 #include "server/l1/l1.h"
 #include "server/l2/adapter.h"

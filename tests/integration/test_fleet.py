@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import requests
 
 from conftest import free_port
 from dp_util import DPClient
@@ -30,12 +31,17 @@ FAST = {"UMBP_HEARTBEAT_TTL_SEC": "1", "UMBP_MAX_MISSED_HEARTBEATS": "2",
 class Master:
     def __init__(self, port=None, env=None):
         self.port = port or free_port()
+        self.http_port = free_port()
         self.addr = "127.0.0.1:%d" % self.port
         e = dict(os.environ, LMCACHE_MASTER_METRICS_HOST="127.0.0.1", **FAST)
         e.update(env or {})
-        self.proc = subprocess.Popen([lmcache_bin(), "master", self.addr, "0"], env=e,
+        self.proc = subprocess.Popen([lmcache_bin(), "master", self.addr, str(self.http_port)], env=e,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wait_port(self.port, self.proc)
+        wait_port(self.http_port, self.proc)
+
+    def route(self, **body):
+        return requests.post("http://127.0.0.1:%d/route" % self.http_port, json=body, timeout=30)
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:
@@ -204,3 +210,62 @@ def test_master_never_up_costs_the_data_path_nothing(make_server):
     assert not st["connected"] and not st["registered"]
     assert st["tracked_hashes"] == 40
     assert s.get("/healthcheck").status_code == 200
+
+
+def test_routing_query_picks_the_holder(master, make_server, tmp_path):
+    base = tmp_path / "l2"
+    base.mkdir()
+    sa, ca = fleet_server(make_server, master.addr, "node-a")
+    sb, cb = fleet_server(make_server, master.addr, "node-b", "--l2-adapter",
+                          json.dumps({"type": "fs", "base_path": str(base)}))
+    toks = prompt(5, 4)
+    # node-a holds the first 2 chunks in DRAM; node-b all 4 (DRAM and SSD).
+    ca.call("store_bytes", model_name="m", token_ids=toks[:2 * CHUNK], chunks=[b"a" * 64] * 2)
+    cb.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"b" * 64] * 4)
+    hashes = placement_hashes("m", toks, chunk_size=CHUNK)
+    assert wait_for(lambda: len(matches(master.addr, hashes)) == 2 and
+                    UMBPTierType.SSD in matches(master.addr, hashes)["node-b"])
+    r = master.route(model_name="m", token_ids=toks + [1, 2, 3], chunk_size=CHUNK)
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert j["chunks"] == 4 and j["chunk_size"] == CHUNK
+    assert j["recommended"]["node_id"] == "node-b", j
+    assert j["recommended"]["peer_address"] == "node-b:5555"
+    by = {n["node_id"]: n for n in j["nodes"]}
+    assert by["node-b"]["prefix_tokens"] == 4 * CHUNK
+    assert by["node-b"]["tokens_by_tier"] == {"DRAM": 4 * CHUNK}  # DRAM wins over SSD
+    assert by["node-a"]["prefix_tokens"] == 2 * CHUNK
+    assert [n["node_id"] for n in j["nodes"]] == ["node-b", "node-a"]
+    # The same with precomputed hashes.
+    assert master.route(hashes=hashes, chunk_size=CHUNK).json()["recommended"]["node_id"] == "node-b"
+    # node-b's DRAM copies go: the SSD tier still gives it the longest prefix.
+    assert sb.post("/cache/clear").status_code == 200
+    assert wait_for(lambda: master.route(hashes=hashes, chunk_size=CHUNK).json()["nodes"][0]["tokens_by_tier"] ==
+                    {"SSD": 4 * CHUNK}), (master.route(hashes=hashes, chunk_size=CHUNK).json(),
+                                          matches(master.addr, hashes))
+    # Equal prefixes: DRAM beats SSD.
+    two = master.route(hashes=hashes[:2], chunk_size=CHUNK).json()
+    assert two["recommended"]["node_id"] == "node-a"
+    # Another tenant matches nothing; a node is still recommended (the least loaded).
+    other = master.route(model_name="m", cache_salt="t2", token_ids=toks, chunk_size=CHUNK).json()
+    assert other["nodes"] == [] and other["recommended"]["prefix_tokens"] == 0
+    assert other["recommended"]["node_id"] in ("node-a", "node-b")
+
+
+def test_routing_query_is_bounded(master):
+    assert master.route(model_name="m", token_ids=[0] * 131073).status_code == 413
+    assert master.route(hashes=["0" * 64] * 4097).status_code == 413
+    assert master.route(hashes=["zz"]).status_code == 400
+    assert master.route(token_ids=[1, 2]).status_code == 400  # no model_name
+    assert master.route(model_name="m", token_ids=[-1]).status_code == 400
+    assert master.route(model_name="m", token_ids=[1], hashes=[]).status_code == 400
+    assert master.route(model_name="m", token_ids=[1], chunk_size=0).status_code == 400
+    url = "http://127.0.0.1:%d/route" % master.http_port
+    assert requests.post(url, data=b"[1]", timeout=30).status_code == 400
+    assert requests.post(url, data=b"x" * ((1 << 20) + 1), timeout=30).status_code == 413
+    # Empty prompt: nothing matched, no node known.
+    assert master.route(hashes=[]).json() == {"chunks": 0, "chunk_size": 256, "nodes": [],
+                                              "recommended": None}
+    # /metrics is unchanged.
+    assert requests.get("http://127.0.0.1:%d/metrics" % master.http_port,
+                        timeout=30).status_code == 200

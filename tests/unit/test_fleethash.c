@@ -10,7 +10,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "server/fleethash.h"
+#include "base/fleethash.h"
 #include "server/keys.h"
 
 /* The vectors file, found from this source file's path. */
@@ -47,6 +47,13 @@ static void test_shared_vectors(void **state) {
             seed, t, nt, (size_t)json_integer_value(json_object_get(v, "chunk_size")), h, 16);
         json_t *want = json_object_get(v, "placements");
         assert_int_equal(n, json_array_size(want));
+        /* the master's copy of the chain agrees with the server's */
+        uint8_t h2[16][FLEETHASH_LEN];
+        assert_int_equal(
+            fleethash_chunks(KEYS_DEFAULT_SEED_STRING, t, nt,
+                             (size_t)json_integer_value(json_object_get(v, "chunk_size")), h2, 16),
+            n);
+        assert_memory_equal(h, h2, (size_t)n * FLEETHASH_LEN);
         uint32_t rank;
         assert_int_equal(keys_kv_rank_pack(json_integer_value(json_object_get(v, "world_size")),
                                            json_integer_value(json_object_get(v, "rank")), &rank,

@@ -431,7 +431,7 @@ struct reporter *reporter_create(struct engine *e, char *err, size_t errlen) {
         return NULL;
     }
     r->c = umbp_client_new(r->address, r->node_id, r->node_address);
-    if (!r->c) {
+    if (!r->c || umbp_client_set_peer_address(r->c, r->node_address) < 0) {
         errbuf_set(err, errlen, "master client: out of memory");
         reporter_free(r);
         return NULL;
