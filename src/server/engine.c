@@ -355,9 +355,16 @@ static void do_refresh_l2_metrics(struct engine *e) {
 
 /* ---- placements (the master reporter's feed) ---- */
 
-void engine_set_placement_listener(struct engine *e, engine_placement_fn fn, void *arg) {
-    e->placement_fn = fn;
-    e->placement_arg = arg;
+int engine_add_placement_listener(struct engine *e, engine_placement_fn fn, void *arg) {
+    if (e->nplacement >= ENGINE_PLACEMENT_LISTENERS) return -1;
+    e->placement_fn[e->nplacement] = fn;
+    e->placement_arg[e->nplacement++] = arg;
+    return 0;
+}
+
+static void placement_tell(struct engine *e, const uint8_t *h, int tier, bool present) {
+    for (int i = 0; i < e->nplacement; i++)
+        e->placement_fn[i](e->placement_arg[i], h, tier, present);
 }
 
 void engine_set_master_status(struct engine *e, json_t *(*fn)(void *arg), void *arg) {
@@ -370,13 +377,13 @@ static void placement_l1(void *arg, const struct l1_key *k, const char *model, c
     struct engine *e = arg;
     uint8_t h[FLEETHASH_LEN];
     if (fleethash_compute(model, salt, k->kv_rank, k->hash, k->hash_len, h) == 0)
-        e->placement_fn(e->placement_arg, h, ENGINE_TIER_DRAM, present);
+        placement_tell(e, h, ENGINE_TIER_DRAM, present);
 }
 
 static void placement_l2(struct engine *e, const struct keys_object_key *k, bool present) {
     uint8_t h[FLEETHASH_LEN];
     if (fleethash_compute(k->model_name, k->cache_salt, k->kv_rank, k->hash, k->hash_len, h) == 0)
-        e->placement_fn(e->placement_arg, h, ENGINE_TIER_SSD, present);
+        placement_tell(e, h, ENGINE_TIER_SSD, present);
 }
 
 static void placement_l2_stored(void *arg, int idx, const struct keys_object_key *k,
@@ -398,7 +405,7 @@ static bool placement_local(const struct l2_adapter *a) {
 }
 
 static void placement_attach_l2(struct engine *e) {
-    if (!e->placement_fn) return;
+    if (!e->nplacement) return;
     for (size_t i = 0; i < e->nl2; i++) {
         struct l2_adapter *a = e->l2[i];
         if (!placement_local(a)) continue;
@@ -455,7 +462,7 @@ int engine_start_caches(struct engine *e, char *err, size_t errlen) {
     lc.write_ttl_ns = (uint64_t)(c->l1_write_ttl_seconds * 1e9);
     lc.touch_interval_ns = 100 * 1000 * 1000ULL; /* lazy LRU: 100 ms */
     lc.quota = e->quota;
-    if (e->placement_fn) lc.listener = (struct l1_listener){placement_l1, e};
+    if (e->nplacement) lc.listener = (struct l1_listener){placement_l1, e};
     char msg[256];
     if (l1_create(&lc, &e->l1, msg, sizeof(msg)) < 0) {
         errbuf_set(err, errlen, "L1: %s", msg);

@@ -69,6 +69,7 @@ struct engine_l1_metrics {
 #define ENGINE_TIER_DRAM 2
 #define ENGINE_TIER_SSD  3
 typedef void (*engine_placement_fn)(void *arg, const uint8_t hash[32], int tier, bool present);
+#define ENGINE_PLACEMENT_LISTENERS 2 /* the master reporter, the KV-event publisher */
 
 struct engine {
     unsigned magic;
@@ -102,8 +103,9 @@ struct engine {
     _Atomic uint64_t prefaulted_bytes;
     /* placement listener and the `master` section of /status (both optional, set before
      * engine_start_caches) */
-    engine_placement_fn placement_fn;
-    void *placement_arg;
+    engine_placement_fn placement_fn[ENGINE_PLACEMENT_LISTENERS];
+    void *placement_arg[ENGINE_PLACEMENT_LISTENERS];
+    int nplacement;
     json_t *(*master_status_fn)(void *arg);
     void *master_status_arg;
 };
@@ -140,8 +142,9 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *err, 
  * ENGINE_ERR_CONFIG when an adapter rejects its --l2-adapter configuration, or -1 for other
  * failures, with err filled. */
 int engine_start_caches(struct engine *e, char *err, size_t errlen);
-/* Before engine_start_caches: who is told of placements (objects on disk at start included). */
-void engine_set_placement_listener(struct engine *e, engine_placement_fn fn, void *arg);
+/* Before engine_start_caches: who is told of placements (objects on disk at start included).
+ * Returns 0, or -1 when ENGINE_PLACEMENT_LISTENERS are set already. */
+int engine_add_placement_listener(struct engine *e, engine_placement_fn fn, void *arg);
 /* Before the admin API starts: fills the `master` section of /status (fn returns a new object). */
 void engine_set_master_status(struct engine *e, json_t *(*fn)(void *arg), void *arg);
 /* Capacities of the node-local tiers: DRAM (L1) and SSD (fs and dax adapters). */

@@ -17,6 +17,7 @@
 #include "server/config.h"
 #include "server/dataplane/dataplane.h"
 #include "server/engine.h"
+#include "server/fleet/kvevents.h"
 #include "server/fleet/reporter.h"
 
 /* Loggers that exist from the start so GET /loglevel lists them. */
@@ -80,6 +81,18 @@ int server_main(int argc, char **argv) {
             return 1;
         }
     }
+    struct kvevents *kvev = NULL;
+    if (cfg.kv_events_endpoint && cfg.kv_events_endpoint[0]) {
+        kvev = kvevents_create(&engine, cfg.kv_events_endpoint, err, sizeof(err));
+        if (!kvev) {
+            fprintf(stderr, "lmcache server: error: %s\n", err);
+            engine_destroy(&engine);
+            reporter_free(reporter);
+            admin_options_free(&aopt);
+            config_free(&cfg);
+            return 2;
+        }
+    }
     /* Caches first: an L2 adapter that rejects its configuration is a bad option value, reported
      * before any port is bound. */
     int crc = engine_start_caches(&engine, err, sizeof(err));
@@ -87,6 +100,7 @@ int server_main(int argc, char **argv) {
         fprintf(stderr, "lmcache server: error: %s\n", err);
         engine_destroy(&engine);
         reporter_free(reporter);
+        kvevents_free(kvev);
         admin_options_free(&aopt);
         config_free(&cfg);
         return crc == ENGINE_ERR_CONFIG ? 2 : 1;
@@ -98,6 +112,7 @@ int server_main(int argc, char **argv) {
         log_error(lg, "HTTP admin API: %s", err);
         engine_destroy(&engine);
         reporter_free(reporter);
+        kvevents_free(kvev);
         config_free(&cfg);
         return 1;
     }
@@ -116,6 +131,7 @@ int server_main(int argc, char **argv) {
         admin_stop(admin, 1.0);
         engine_destroy(&engine);
         reporter_free(reporter);
+        kvevents_free(kvev);
         config_free(&cfg);
         return 1;
     }
@@ -126,12 +142,15 @@ int server_main(int argc, char **argv) {
         admin_stop(admin, 1.0);
         engine_destroy(&engine);
         reporter_free(reporter);
+        kvevents_free(kvev);
         config_free(&cfg);
         return 1;
     }
     /* Reporting starts once the node serves: peers and routers are sent to it from then on. */
     if (reporter && reporter_start(reporter, err, sizeof(err)) < 0)
         log_error(lg, "%s; not reporting to the master", err);
+    if (kvev && kvevents_start(kvev, err, sizeof(err)) < 0)
+        log_error(lg, "%s; not publishing KV events", err);
     engine_set_ready(&engine, 1);
     log_info(lg, "engine ready (L1 %.3g GiB, policy %s, chunk size %ld)", cfg.l1_size_gb,
              cfg.eviction_policy, cfg.chunk_size);
@@ -146,9 +165,11 @@ int server_main(int argc, char **argv) {
     admin_stop(admin, 5.0);
     engine_set_ready(&engine, 0);
     reporter_stop(reporter); /* routers stop sending requests here first: unregister */
+    kvevents_stop(kvev);
     dataplane_stop(dp);
     engine_destroy(&engine);
     reporter_free(reporter);
+    kvevents_free(kvev);
     config_free(&cfg);
     log_info(lg, "stopped");
     return 0;

@@ -269,3 +269,67 @@ def test_routing_query_is_bounded(master):
     # /metrics is unchanged.
     assert requests.get("http://127.0.0.1:%d/metrics" % master.http_port,
                         timeout=30).status_code == 200
+
+
+def test_kv_events_stream(make_server, tmp_path):
+    import msgpack
+    import zmq
+
+    port = free_port()
+    s = make_server(args=["--chunk-size", str(CHUNK), "--kv-events-endpoint",
+                          "tcp://127.0.0.1:%d" % port] +
+                    ["--l2-adapter", json.dumps({"type": "fs", "base_path": str(tmp_path)})])
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 500)
+    sub.bind("tcp://127.0.0.1:%d" % port)  # the server connects (no '*' in its endpoint)
+    c = DPClient(s.zmq_port)
+    events, seqs = [], []
+
+    def drain():
+        try:
+            while True:
+                topic, seq, payload = sub.recv_multipart()
+                assert topic == b"" and len(seq) == 8
+                seqs.append(int.from_bytes(seq, "big"))
+                ts, evs, dp_rank = msgpack.unpackb(payload, raw=False)
+                assert isinstance(ts, float) and dp_rank == 0
+                events.extend(evs)
+        except zmq.Again:
+            pass
+        return events
+
+    try:
+        # PUB/SUB joins late: store until the subscriber sees events, then check the stream.
+        want = []
+        for i in range(50):
+            want += store(c, 300 + i, chunks=1)
+            if drain():
+                break
+        assert events, "no KV events arrived"
+        # fs write-through follows: the same blocks on medium FS
+        assert wait_for(lambda: any(e["type"] == "BlockStored" and e["medium"] == "FS"
+                                    for e in drain()))
+        stored = {}
+        for ev in events:
+            if ev["type"] == "BlockStored":
+                assert ev["block_size"] == CHUNK and ev["parent_block_hash"] is None
+                stored.setdefault(ev["medium"], set()).update(h.hex() for h in ev["block_hashes"])
+        assert stored["CPU"] <= set(want) and stored["CPU"]
+        assert stored["FS"] <= set(want)
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        # A clear publishes the removals of every L1 block.
+        assert s.post("/cache/clear").status_code == 200
+        removed = set()
+
+        def got_removed():
+            for ev in drain():
+                if ev["type"] == "BlockRemoved" and ev["medium"] == "CPU":
+                    removed.update(h.hex() for h in ev["block_hashes"])
+            return stored["CPU"] <= removed
+        assert wait_for(got_removed)
+        assert "lmcache_mp_kv_events_batches_total" in s.get("/metrics").text
+    finally:
+        sub.close(0)
+        ctx.term()

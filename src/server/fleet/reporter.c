@@ -458,7 +458,11 @@ struct reporter *reporter_create(struct engine *e, char *err, size_t errlen) {
         reporter_free(r);
         return NULL;
     }
-    engine_set_placement_listener(e, on_placement, r);
+    if (engine_add_placement_listener(e, on_placement, r) < 0) {
+        errbuf_set(err, errlen, "master reporter: too many placement listeners");
+        reporter_free(r);
+        return NULL;
+    }
     engine_set_master_status(e, status_json, r);
     return r;
 }
