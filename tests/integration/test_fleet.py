@@ -333,3 +333,12 @@ def test_kv_events_stream(make_server, tmp_path):
     finally:
         sub.close(0)
         ctx.term()
+
+
+def test_route_demo_runs():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(build_dir(), "python"),
+                                                       os.path.join(ROOT, "python")]))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "fleet", "route_demo.py"),
+                        lmcache_bin()], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "routed to cache-b" in r.stdout
