@@ -342,3 +342,22 @@ def test_route_demo_runs():
                         lmcache_bin()], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "routed to cache-b" in r.stdout
+
+
+def test_removal_and_readmission_keep_their_order(master, make_server):
+    s, c = fleet_server(make_server, master.addr, "node-o")
+    for _ in range(20):
+        h = store(c, 500)
+        assert s.post("/cache/clear").status_code == 200
+    # Ends removed: nothing left at the master once the queue is sent.
+    assert wait_for(lambda: s.get("/status").json()["master"]["queue_depth"] == 0)
+    assert wait_for(lambda: matches(master.addr, h) == {})
+    assert s.get("/status").json()["master"]["tracked_hashes"] == 0
+    # Stored again right after a clear: the admission is the last word.
+    store(c, 500)
+    assert s.post("/cache/clear").status_code == 200
+    store(c, 500)
+    assert wait_for(lambda: matches(master.addr, h) == {"node-o": {UMBPTierType.DRAM: set(h)}})
+    assert wait_for(lambda: s.get("/status").json()["master"]["queue_depth"] == 0)
+    assert matches(master.addr, h) == {"node-o": {UMBPTierType.DRAM: set(h)}}
+    assert s.get("/status").json()["master"]["tracked_hashes"] == 2
