@@ -69,6 +69,11 @@ int umbp_client_set_peer_address(struct umbp_client *c, const char *peer_address
 uint32_t umbp_client_heartbeat_interval_ms(const struct umbp_client *c);
 /* A keepalive heartbeat (no events); *alive is false when the master does not know us. */
 int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t errlen);
+/* A heartbeat that carries capacities: a full sync without events (delta_seq_baseline 0), for a
+ * node that keeps no block-index entries (it would drop them). Keepalives leave the master's
+ * capacities as registered; this replaces them. *alive as for keepalive. */
+int umbp_client_heartbeat_caps(struct umbp_client *c, const struct umbp_tier_capacity *caps,
+                               size_t ncaps, bool *alive, char *err, size_t errlen);
 
 int umbp_report_external_kv_blocks(struct umbp_client *c, const char *node_id,
                                    const char *const *hashes, size_t n, enum umbp_tier tier,

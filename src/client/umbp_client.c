@@ -249,6 +249,41 @@ int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t 
     return rc;
 }
 
+int umbp_client_heartbeat_caps(struct umbp_client *c, const struct umbp_tier_capacity *caps,
+                               size_t ncaps, bool *alive, char *err, size_t errlen) {
+    Umbp__TierCapacity *tc = calloc(ncaps + 1, sizeof(*tc));
+    Umbp__TierCapacity **ptc = calloc(ncaps + 1, sizeof(*ptc));
+    if (!tc || !ptc) {
+        free(tc);
+        free(ptc);
+        set_err(err, errlen, "Heartbeat", "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < ncaps; i++) {
+        umbp__tier_capacity__init(&tc[i]);
+        tc[i].tier = (Umbp__TierType)caps[i].tier;
+        tc[i].total_capacity_bytes = caps[i].total_bytes;
+        tc[i].available_capacity_bytes = caps[i].available_bytes;
+        ptc[i] = &tc[i];
+    }
+    Umbp__HeartbeatRequest q = UMBP__HEARTBEAT_REQUEST__INIT;
+    q.node_id = c->node_id;
+    q.is_full_sync = true; /* no bundles, baseline 0: no block-index entries, fresh capacities */
+    q.n_tier_capacities = ncaps;
+    q.tier_capacities = ptc;
+    ProtobufCMessage *out = NULL;
+    int rc =
+        unary(c, "Heartbeat", &q.base, &umbp__heartbeat_response__descriptor, &out, err, errlen);
+    if (rc == 0) {
+        *alive =
+            ((Umbp__HeartbeatResponse *)out)->status == UMBP__CLIENT_STATUS__CLIENT_STATUS_ALIVE;
+        protobuf_c_message_free_unpacked(out, NULL);
+    }
+    free(tc);
+    free(ptc);
+    return rc;
+}
+
 int umbp_report_external_kv_blocks(struct umbp_client *c, const char *node_id,
                                    const char *const *hashes, size_t n, enum umbp_tier tier,
                                    char *err, size_t errlen) {

@@ -308,9 +308,14 @@ def test_kv_events_stream(make_server, tmp_path):
             if drain():
                 break
         assert events, "no KV events arrived"
-        # fs write-through follows: the same blocks on medium FS
-        assert wait_for(lambda: any(e["type"] == "BlockStored" and e["medium"] == "FS"
-                                    for e in drain()))
+        # Connected now: a new prompt shows up on both media.
+        fresh = store(c, 400, chunks=2)
+        want += fresh
+
+        def stored_on(medium):
+            return {h.hex() for e in drain() if e["type"] == "BlockStored" and
+                    e["medium"] == medium for h in e["block_hashes"]}
+        assert wait_for(lambda: set(fresh) <= stored_on("CPU") and set(fresh) <= stored_on("FS"))
         stored = {}
         for ev in events:
             if ev["type"] == "BlockStored":
@@ -361,3 +366,20 @@ def test_removal_and_readmission_keep_their_order(master, make_server):
     assert wait_for(lambda: s.get("/status").json()["master"]["queue_depth"] == 0)
     assert matches(master.addr, h) == {"node-o": {UMBPTierType.DRAM: set(h)}}
     assert s.get("/status").json()["master"]["tracked_hashes"] == 2
+
+
+def test_heartbeats_carry_capacities_for_the_least_loaded_pick(master, make_server):
+    sa, ca = fleet_server(make_server, master.addr, "node-full", l1_size_gb=8 / 1024)
+    sb, cb = fleet_server(make_server, master.addr, "node-empty", l1_size_gb=8 / 1024)
+    blob = b"f" * (256 << 10)
+    for i in range(20):  # 5 MiB of node-full's 8
+        ca.call("store_bytes", model_name="m", token_ids=prompt(700 + i, 1), chunks=[blob])
+    unknown = {"model_name": "m", "token_ids": prompt(999, 2), "chunk_size": CHUNK}
+    # No node holds the prompt: the one with more room left is recommended once heartbeats
+    # have told the master (capacities at registration were equal).
+    assert wait_for(lambda: master.route(**unknown).json()["recommended"]["node_id"] ==
+                    "node-empty")
+    text = requests.get("http://127.0.0.1:%d/metrics" % master.http_port, timeout=30).text
+    avail = [ln for ln in text.splitlines()
+             if ln.startswith("mori_umbp_client_capacity_available_bytes") and "node-full" in ln]
+    assert avail and float(avail[0].split()[-1]) <= 3 * (1 << 20) + (1 << 20)

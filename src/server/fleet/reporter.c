@@ -285,15 +285,20 @@ static int full_sync(struct reporter *r) {
     return rc;
 }
 
-static int do_register(struct reporter *r) {
+/* The node's tiers now: DRAM (L1), SSD when fs/dax adapters have a capacity. */
+static size_t capacities(struct reporter *r, struct umbp_tier_capacity caps[2]) {
     struct engine_tier_capacity cap;
     engine_tier_capacities(r->e, &cap);
-    struct umbp_tier_capacity caps[2] = {
-        {UMBP_TIER_DRAM, cap.dram_total, cap.dram_available},
-        {UMBP_TIER_SSD, cap.ssd_total, cap.ssd_available},
-    };
+    caps[0] = (struct umbp_tier_capacity){UMBP_TIER_DRAM, cap.dram_total, cap.dram_available};
+    caps[1] = (struct umbp_tier_capacity){UMBP_TIER_SSD, cap.ssd_total, cap.ssd_available};
+    return cap.ssd_total ? 2 : 1;
+}
+
+static int do_register(struct reporter *r) {
+    struct umbp_tier_capacity caps[2];
+    size_t ncaps = capacities(r, caps);
     char err[256] = "";
-    int rc = umbp_client_register(r->c, caps, cap.ssd_total ? 2 : 1, err, sizeof(err));
+    int rc = umbp_client_register(r->c, caps, ncaps, err, sizeof(err));
     if (rc == 6 /* ALREADY_EXISTS: our previous life is still alive there */) {
         umbp_revoke_all_external_kv_blocks_for_node(r->c, r->node_id, NULL, 0);
         rc = 0; /* heartbeats keep the existing record alive; a full report follows */
@@ -346,7 +351,9 @@ static void *reporter_main(void *arg) {
         if (now >= next_hb) {
             bool alive = false;
             char err[256] = "";
-            int rc = umbp_client_keepalive(r->c, &alive, err, sizeof(err));
+            struct umbp_tier_capacity caps[2];
+            size_t ncaps = capacities(r, caps);
+            int rc = umbp_client_heartbeat_caps(r->c, caps, ncaps, &alive, err, sizeof(err));
             next_hb = now + atomic_load(&r->hb_ms) / 1000.0;
             if (rc != 0) {
                 failed(r, "Heartbeat", rc, err);
