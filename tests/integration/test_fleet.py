@@ -262,7 +262,12 @@ def test_routing_query_is_bounded(master):
     assert master.route(model_name="m", token_ids=[1], chunk_size=0).status_code == 400
     url = "http://127.0.0.1:%d/route" % master.http_port
     assert requests.post(url, data=b"[1]", timeout=30).status_code == 400
-    assert requests.post(url, data=b"x" * ((1 << 20) + 1), timeout=30).status_code == 413
+    # An oversized Content-Length is refused from the headers, before any body byte is read.
+    import socket
+    with socket.create_connection(("127.0.0.1", master.http_port), timeout=30) as sk:
+        sk.sendall(b"POST /route HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" %
+                   ((1 << 20) + 1))
+        assert sk.recv(4096).startswith(b"HTTP/1.1 413 ")
     # Empty prompt: nothing matched, no node known.
     assert master.route(hashes=[]).json() == {"chunks": 0, "chunk_size": 256, "nodes": [],
                                               "recommended": None}
