@@ -62,8 +62,18 @@ int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity 
 /* No RPC when this client has not registered. */
 int umbp_client_unregister(struct umbp_client *c, char *err, size_t errlen);
 bool umbp_client_is_registered(const struct umbp_client *c);
+/* The peer_address later registrations send (MatchExternalKv answers it); none by default.
+ * 0, or -1 when out of memory. */
+int umbp_client_set_peer_address(struct umbp_client *c, const char *peer_address);
+/* The heartbeat interval the master returned at the last successful registration (0 before). */
+uint32_t umbp_client_heartbeat_interval_ms(const struct umbp_client *c);
 /* A keepalive heartbeat (no events); *alive is false when the master does not know us. */
 int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t errlen);
+/* A heartbeat that carries capacities: a full sync without events (delta_seq_baseline 0), for a
+ * node that keeps no block-index entries (it would drop them). Keepalives leave the master's
+ * capacities as registered; this replaces them. *alive as for keepalive. */
+int umbp_client_heartbeat_caps(struct umbp_client *c, const struct umbp_tier_capacity *caps,
+                               size_t ncaps, bool *alive, char *err, size_t errlen);
 
 int umbp_report_external_kv_blocks(struct umbp_client *c, const char *node_id,
                                    const char *const *hashes, size_t n, enum umbp_tier tier,

@@ -21,7 +21,9 @@ struct umbp_client {
     grpc_channel *ch;
     grpc_completion_queue *cq;
     char *node_id, *node_address;
+    char *peer_address; /* NULL: none sent */
     uint32_t timeout_ms;
+    uint32_t heartbeat_interval_ms; /* from the last RegisterClient */
     bool registered;
 };
 
@@ -72,12 +74,25 @@ void umbp_client_free(struct umbp_client *c) {
     }
     free(c->node_id);
     free(c->node_address);
+    free(c->peer_address);
     free(c);
 }
 
 void umbp_client_set_timeout_ms(struct umbp_client *c, uint32_t ms) { c->timeout_ms = ms; }
 
 bool umbp_client_is_registered(const struct umbp_client *c) { return c->registered; }
+
+int umbp_client_set_peer_address(struct umbp_client *c, const char *peer_address) {
+    char *p = strdup(peer_address);
+    if (!p) return -1;
+    free(c->peer_address);
+    c->peer_address = p;
+    return 0;
+}
+
+uint32_t umbp_client_heartbeat_interval_ms(const struct umbp_client *c) {
+    return c->heartbeat_interval_ms;
+}
 
 /* One in-flight unary call. */
 struct ucall {
@@ -193,11 +208,18 @@ int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity 
     Umbp__RegisterClientRequest q = UMBP__REGISTER_CLIENT_REQUEST__INIT;
     q.node_id = c->node_id;
     q.node_address = c->node_address;
+    if (c->peer_address) q.peer_address = c->peer_address;
     q.n_tier_capacities = ncaps;
     q.tier_capacities = ptc;
-    int rc = unary(c, "RegisterClient", &q.base, &umbp__register_client_response__descriptor, NULL,
+    ProtobufCMessage *out = NULL;
+    int rc = unary(c, "RegisterClient", &q.base, &umbp__register_client_response__descriptor, &out,
                    err, errlen);
-    if (rc == 0) c->registered = true;
+    if (rc == 0) {
+        c->registered = true;
+        c->heartbeat_interval_ms =
+            (uint32_t)((Umbp__RegisterClientResponse *)out)->heartbeat_interval_ms;
+        protobuf_c_message_free_unpacked(out, NULL);
+    }
     free(tc);
     free(ptc);
     return rc;
@@ -224,6 +246,41 @@ int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t 
             ((Umbp__HeartbeatResponse *)out)->status == UMBP__CLIENT_STATUS__CLIENT_STATUS_ALIVE;
         protobuf_c_message_free_unpacked(out, NULL);
     }
+    return rc;
+}
+
+int umbp_client_heartbeat_caps(struct umbp_client *c, const struct umbp_tier_capacity *caps,
+                               size_t ncaps, bool *alive, char *err, size_t errlen) {
+    Umbp__TierCapacity *tc = calloc(ncaps + 1, sizeof(*tc));
+    Umbp__TierCapacity **ptc = calloc(ncaps + 1, sizeof(*ptc));
+    if (!tc || !ptc) {
+        free(tc);
+        free(ptc);
+        set_err(err, errlen, "Heartbeat", "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < ncaps; i++) {
+        umbp__tier_capacity__init(&tc[i]);
+        tc[i].tier = (Umbp__TierType)caps[i].tier;
+        tc[i].total_capacity_bytes = caps[i].total_bytes;
+        tc[i].available_capacity_bytes = caps[i].available_bytes;
+        ptc[i] = &tc[i];
+    }
+    Umbp__HeartbeatRequest q = UMBP__HEARTBEAT_REQUEST__INIT;
+    q.node_id = c->node_id;
+    q.is_full_sync = true; /* no bundles, baseline 0: no block-index entries, fresh capacities */
+    q.n_tier_capacities = ncaps;
+    q.tier_capacities = ptc;
+    ProtobufCMessage *out = NULL;
+    int rc =
+        unary(c, "Heartbeat", &q.base, &umbp__heartbeat_response__descriptor, &out, err, errlen);
+    if (rc == 0) {
+        *alive =
+            ((Umbp__HeartbeatResponse *)out)->status == UMBP__CLIENT_STATUS__CLIENT_STATUS_ALIVE;
+        protobuf_c_message_free_unpacked(out, NULL);
+    }
+    free(tc);
+    free(ptc);
     return rc;
 }
 

@@ -15,8 +15,11 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/errbuf.h"
 #include "base/strbuf.h"
+#include "master/mquery.h"
+#include "master/mrpc.h"
 
 struct mhttp {
     int lfd;
@@ -36,14 +39,99 @@ static void write_all(int fd, const char *p, size_t n) {
     }
 }
 
-static void respond(int fd, const char *status, const char *body, size_t len) {
+static void respond_type(int fd, const char *status, const char *type, const char *body,
+                         size_t len) {
     char hdr[256];
     int n = snprintf(hdr, sizeof(hdr),
-                     "HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                     "HTTP/1.1 %s\r\nContent-Type: %s\r\n"
                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                     status, len);
+                     status, type, len);
     write_all(fd, hdr, (size_t)n);
     write_all(fd, body, len);
+}
+
+static void respond(int fd, const char *status, const char *body, size_t len) {
+    respond_type(fd, status, "text/plain; version=0.0.4; charset=utf-8", body, len);
+}
+
+#define ROUTE_HEADER_MAX 8192
+#define ROUTE_DEADLINE_S 5.0
+
+/* POST /route (docs/master.md, "Routing query"): headers up to 8 KiB, a Content-Length body
+ * up to MQUERY_MAX_BODY, the whole request within 5 s; the query itself is bounded by mquery.
+ * got bytes of the request are in req already. */
+static void serve_route(struct mhttp *h, int fd, const char *req, size_t got) {
+    double deadline = clock_mono() + ROUTE_DEADLINE_S;
+    char *buf = malloc(ROUTE_HEADER_MAX + 1);
+    if (!buf) return;
+    size_t n = got < ROUTE_HEADER_MAX ? got : ROUTE_HEADER_MAX;
+    memcpy(buf, req, n);
+    buf[n] = 0;
+    char *end;
+    while (!(end = strstr(buf, "\r\n\r\n")) && n < ROUTE_HEADER_MAX && clock_mono() < deadline) {
+        ssize_t r = recv(fd, buf + n, ROUTE_HEADER_MAX - n, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        n += (size_t)r;
+        buf[n] = 0;
+    }
+    const char *status = "400 Bad Request", *msg = "{\"error\":\"incomplete request\"}";
+    if (!end) {
+        if (n >= ROUTE_HEADER_MAX) msg = "{\"error\":\"headers exceed 8 KiB\"}";
+        respond_type(fd, status, "application/json", msg, strlen(msg));
+        free(buf);
+        return;
+    }
+    size_t hlen = (size_t)(end - buf) + 4;
+    long long clen = -1;
+    for (char *line = strstr(buf, "\r\n"); line && line < end; line = strstr(line + 2, "\r\n")) {
+        if (strncasecmp(line + 2, "Content-Length:", 15) == 0) {
+            char *e2;
+            clen = strtoll(line + 17, &e2, 10);
+            if (e2 == line + 17) clen = -1;
+        }
+    }
+    if (clen < 0) {
+        msg = "{\"error\":\"Content-Length is required\"}";
+        respond_type(fd, "411 Length Required", "application/json", msg, strlen(msg));
+        free(buf);
+        return;
+    }
+    if (clen > (long long)MQUERY_MAX_BODY) {
+        msg = "{\"error\":\"request body exceeds 1 MiB\"}";
+        respond_type(fd, "413 Content Too Large", "application/json", msg, strlen(msg));
+        free(buf);
+        return;
+    }
+    char *body = malloc((size_t)clen + 1);
+    if (!body) {
+        free(buf);
+        return;
+    }
+    size_t have = n - hlen < (size_t)clen ? n - hlen : (size_t)clen;
+    memcpy(body, buf + hlen, have);
+    free(buf);
+    while (have < (size_t)clen && clock_mono() < deadline) {
+        ssize_t r = recv(fd, body + have, (size_t)clen - have, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        have += (size_t)r;
+    }
+    if (have < (size_t)clen) {
+        respond_type(fd, status, "application/json", msg, strlen(msg));
+        free(body);
+        return;
+    }
+    struct strbuf sb = STRBUF_INIT;
+    /* mhttp serves the master (master.c passes it the master as the render argument). */
+    int code = mquery_route(((struct master *)h->arg)->store, body, have, &sb);
+    free(body);
+    status = code == 200   ? "200 OK"
+             : code == 400 ? "400 Bad Request"
+             : code == 413 ? "413 Content Too Large"
+                           : "500 Internal Server Error";
+    respond_type(fd, status, "application/json", sb.buf ? sb.buf : "", sb.len);
+    sb_free(&sb);
 }
 
 static void serve(struct mhttp *h, int fd) {
@@ -62,6 +150,10 @@ static void serve(struct mhttp *h, int fd) {
         if (memchr(req, '\n', got)) break;
     }
     req[got] = 0;
+    if (strncmp(req, "POST /route ", 12) == 0 || strncmp(req, "POST /route?", 12) == 0) {
+        serve_route(h, fd, req, got);
+        return;
+    }
     if (strncmp(req, "GET /", 5) != 0) {
         respond(fd, "400 Bad Request", "Bad Request\n", 12);
         return;

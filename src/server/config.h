@@ -107,6 +107,18 @@ enum opt_type {
       "Chunk hash of the token prefix chain")                                                      \
     X(instance_id, "instance-id", OPT_STR, "mp", "", 0, -1, NULL, 0,                               \
       "Server identity (a random UUID when empty)")                                                \
+    X(master_address, "master-address", OPT_STR, "mp", "", 0, -1, NULL, 0,                         \
+      "Report this node's cached objects to the cluster master at HOST:PORT (gRPC; off when "      \
+      "empty; docs/fleet.md)")                                                                     \
+    X(node_id, "node-id", OPT_STR, "mp", "", 0, -1, NULL, 0,                                       \
+      "Node id registered with the master (default: the instance id)")                             \
+    X(node_address, "node-address", OPT_STR, "mp", "", 0, -1, NULL, 0,                             \
+      "Data endpoint the master tells peers and routers (default: tcp://<host>:<port>)")           \
+    X(kv_events_endpoint, "kv-events-endpoint", OPT_STR, "mp", "", 0, -1, NULL, 0,                 \
+      "Publish placements as a vLLM-style KV-event stream on this ZMQ PUB endpoint (bound when "   \
+      "it has '*', '::', ipc:// or inproc://, else connected; off when empty; docs/fleet.md)")     \
+    X(master_report_interval_ms, "master-report-interval-ms", OPT_INT, "mp", "100", 10, 60000,     \
+      NULL, 0, "How often queued placement changes are sent to the master, in one batch")          \
     X(run_script_api_enabled, "run-script-api-enabled", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,   \
       "Enable POST /run_script (remote code execution; keep off on untrusted networks)")           \
     X(script_allowed_imports, "script-allowed-imports", OPT_STRLIST, "mp", NULL, 0, -1, NULL, 0,   \

@@ -20,6 +20,7 @@
 #include "base/metrics.h"
 #include "base/periodic.h"
 #include "base/version.h"
+#include "base/fleethash.h"
 #include "server/keys.h"
 #include "server/l1/l1.h"
 #include "server/l2/adapter.h"
@@ -352,6 +353,98 @@ static void do_refresh_l2_metrics(struct engine *e) {
     add_delta(m->store_submitted, NULL, st.store_submitted_objects, &m->last_submitted);
 }
 
+/* ---- placements (the master reporter's feed) ---- */
+
+int engine_add_placement_listener(struct engine *e, engine_placement_fn fn, void *arg) {
+    if (e->nplacement >= ENGINE_PLACEMENT_LISTENERS) return -1;
+    e->placement_fn[e->nplacement] = fn;
+    e->placement_arg[e->nplacement++] = arg;
+    return 0;
+}
+
+static void placement_tell(struct engine *e, const uint8_t *h, int tier, bool present) {
+    for (int i = 0; i < e->nplacement; i++)
+        e->placement_fn[i](e->placement_arg[i], h, tier, present);
+}
+
+void engine_set_master_status(struct engine *e, json_t *(*fn)(void *arg), void *arg) {
+    e->master_status_fn = fn;
+    e->master_status_arg = arg;
+}
+
+static void placement_l1(void *arg, const struct l1_key *k, const char *model, const char *salt,
+                         bool present) {
+    struct engine *e = arg;
+    uint8_t h[FLEETHASH_LEN];
+    if (fleethash_compute(model, salt, k->kv_rank, k->hash, k->hash_len, h) == 0)
+        placement_tell(e, h, ENGINE_TIER_DRAM, present);
+}
+
+static void placement_l2(struct engine *e, const struct keys_object_key *k, bool present) {
+    uint8_t h[FLEETHASH_LEN];
+    if (fleethash_compute(k->model_name, k->cache_salt, k->kv_rank, k->hash, k->hash_len, h) == 0)
+        placement_tell(e, h, ENGINE_TIER_SSD, present);
+}
+
+static void placement_l2_stored(void *arg, int idx, const struct keys_object_key *k,
+                                uint64_t size) {
+    (void)idx, (void)size;
+    placement_l2(arg, k, true);
+}
+
+static void placement_l2_deleted(void *arg, int idx, const struct keys_object_key *k,
+                                 uint64_t size) {
+    (void)idx, (void)size;
+    placement_l2(arg, k, false);
+}
+
+/* Node-local adapters (fs, dax) feed the listener, starting with what they found at start. */
+static bool placement_local(const struct l2_adapter *a) {
+    const char *t = l2_adapter_type_name(a);
+    return strcmp(t, "fs") == 0 || strcmp(t, "dax") == 0;
+}
+
+static void placement_attach_l2(struct engine *e) {
+    if (!e->nplacement) return;
+    for (size_t i = 0; i < e->nl2; i++) {
+        struct l2_adapter *a = e->l2[i];
+        if (!placement_local(a)) continue;
+        struct l2_listener l = {placement_l2_stored, NULL, placement_l2_deleted, e};
+        if (l2_adapter_add_listener(a, &l) != L2_OK) continue;
+        struct l2_usage u;
+        l2_adapter_usage(a, &u);
+        char *tok = NULL, msg[256];
+        while (u.objects && l2_adapter_can_list(a)) {
+            struct l2_list_page pg;
+            if (l2_adapter_list(a, NULL, L2_PAGE_SIZE_MAX, tok, &pg, msg, sizeof(msg)) != L2_OK)
+                break;
+            free(tok);
+            tok = pg.next_token ? strdup(pg.next_token) : NULL;
+            for (size_t k = 0; k < pg.count; k++) placement_l2(e, &pg.entries[k].key, true);
+            l2_list_page_free(&pg);
+            if (!tok) break;
+        }
+        free(tok);
+    }
+}
+
+void engine_tier_capacities(struct engine *e, struct engine_tier_capacity *out) {
+    memset(out, 0, sizeof(*out));
+    if (e->l1) {
+        struct l1_stats st;
+        l1_get_stats(e->l1, clock_mono_ns(), &st);
+        out->dram_total = st.bytes_total;
+        out->dram_available = st.bytes_total > st.bytes_used ? st.bytes_total - st.bytes_used : 0;
+    }
+    for (size_t i = 0; i < e->nl2; i++) {
+        if (!placement_local(e->l2[i])) continue;
+        struct l2_usage u;
+        l2_adapter_usage(e->l2[i], &u);
+        out->ssd_total += u.capacity_bytes;
+        if (u.capacity_bytes > u.bytes_used) out->ssd_available += u.capacity_bytes - u.bytes_used;
+    }
+}
+
 int engine_start_caches(struct engine *e, char *err, size_t errlen) {
     const struct server_config *c = e->cfg;
     e->quota = quota_create();
@@ -369,6 +462,7 @@ int engine_start_caches(struct engine *e, char *err, size_t errlen) {
     lc.write_ttl_ns = (uint64_t)(c->l1_write_ttl_seconds * 1e9);
     lc.touch_interval_ns = 100 * 1000 * 1000ULL; /* lazy LRU: 100 ms */
     lc.quota = e->quota;
+    if (e->nplacement) lc.listener = (struct l1_listener){placement_l1, e};
     char msg[256];
     if (l1_create(&lc, &e->l1, msg, sizeof(msg)) < 0) {
         errbuf_set(err, errlen, "L1: %s", msg);
@@ -400,6 +494,7 @@ int engine_start_caches(struct engine *e, char *err, size_t errlen) {
             return -1;
         }
         for (size_t i = 0; i < e->nl2; i++) e->l2[i] = l2ctl_adapter(e->l2ctl, i);
+        placement_attach_l2(e);
         register_l2_metrics(e);
     }
     return 0;
@@ -570,13 +665,16 @@ json_t *engine_status(struct engine *e) {
     json_object_set_new(sm, "l1", l1_status(e));
     size_t sessions = 0, jobs = 0;
     session_counts(&e->sessions, &sessions, &jobs);
-    return json_pack("{s:b, s:s, s:s, s:i, s:s, s:I, s:o, s:o, s:I, s:o}", "is_healthy",
-                     json_is_true(json_object_get(sm, "is_healthy")), "engine_type",
-                     "MPCacheServer", "instance_id", e->instance_id, "chunk_size",
-                     (int)c->chunk_size, "hash_algorithm", c->hash_algorithm, "active_sessions",
-                     (json_int_t)sessions, "registered_gpu_ids", kvreg_ids(&e->contexts),
-                     "cache_context_meta", kvreg_meta(&e->contexts), "active_prefetch_jobs",
-                     (json_int_t)jobs, "storage_manager", sm);
+    json_t *st =
+        json_pack("{s:b, s:s, s:s, s:i, s:s, s:I, s:o, s:o, s:I, s:o}", "is_healthy",
+                  json_is_true(json_object_get(sm, "is_healthy")), "engine_type", "MPCacheServer",
+                  "instance_id", e->instance_id, "chunk_size", (int)c->chunk_size, "hash_algorithm",
+                  c->hash_algorithm, "active_sessions", (json_int_t)sessions, "registered_gpu_ids",
+                  kvreg_ids(&e->contexts), "cache_context_meta", kvreg_meta(&e->contexts),
+                  "active_prefetch_jobs", (json_int_t)jobs, "storage_manager", sm);
+    if (st && e->master_status_fn)
+        json_object_set_new(st, "master", e->master_status_fn(e->master_status_arg));
+    return st;
 }
 
 json_t *engine_adapters(struct engine *e) {

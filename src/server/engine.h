@@ -62,6 +62,15 @@ struct engine_l1_metrics {
     struct l1_stats snap; /* taken at the last refresh, read by the gauges */
 };
 
+/* Placement listener (the master reporter): told when an object of a node-local tier appears or
+ * goes. hash is the object's placement hash (fleethash.h); tier is ENGINE_TIER_DRAM (L1) or
+ * ENGINE_TIER_SSD (fs and dax adapters; s3 is shared by the fleet and never reported). Called on
+ * data-path threads with cache locks held: it must be quick and take only leaf locks. */
+#define ENGINE_TIER_DRAM 2
+#define ENGINE_TIER_SSD  3
+typedef void (*engine_placement_fn)(void *arg, const uint8_t hash[32], int tier, bool present);
+#define ENGINE_PLACEMENT_LISTENERS 2 /* the master reporter, the KV-event publisher */
+
 struct engine {
     unsigned magic;
     const struct server_config *cfg;
@@ -92,6 +101,13 @@ struct engine {
     int prefault_started;
     _Atomic int prefault_stop;
     _Atomic uint64_t prefaulted_bytes;
+    /* placement listener and the `master` section of /status (both optional, set before
+     * engine_start_caches) */
+    engine_placement_fn placement_fn[ENGINE_PLACEMENT_LISTENERS];
+    void *placement_arg[ENGINE_PLACEMENT_LISTENERS];
+    int nplacement;
+    json_t *(*master_status_fn)(void *arg);
+    void *master_status_arg;
 };
 
 #define ENGINE_CHECK(e) CHECK((e) && (e)->magic == ENGINE_MAGIC)
@@ -127,6 +143,17 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *err, 
  * ENGINE_ERR_CONFIG when an adapter rejects its --l2-adapter configuration, or -1 for other
  * failures, with err filled. */
 int engine_start_caches(struct engine *e, char *err, size_t errlen);
+/* Before engine_start_caches: who is told of placements (objects on disk at start included).
+ * Returns 0, or -1 when ENGINE_PLACEMENT_LISTENERS are set already. */
+int engine_add_placement_listener(struct engine *e, engine_placement_fn fn, void *arg);
+/* Before the admin API starts: fills the `master` section of /status (fn returns a new object). */
+void engine_set_master_status(struct engine *e, json_t *(*fn)(void *arg), void *arg);
+/* Capacities of the node-local tiers: DRAM (L1) and SSD (fs and dax adapters). */
+struct engine_tier_capacity {
+    uint64_t dram_total, dram_available, ssd_total, ssd_available;
+};
+void engine_tier_capacities(struct engine *e, struct engine_tier_capacity *out);
+
 /* After engine_start_caches: starts the background jobs (evictors, reaper, session clean-up,
  * L1 prefault). The engine is ready once the caller says so (engine_set_ready). */
 int engine_start(struct engine *e, char *err, size_t errlen);

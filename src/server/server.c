@@ -17,11 +17,13 @@
 #include "server/config.h"
 #include "server/dataplane/dataplane.h"
 #include "server/engine.h"
+#include "server/fleet/kvevents.h"
+#include "server/fleet/reporter.h"
 
 /* Loggers that exist from the start so GET /loglevel lists them. */
-static const char *const LOGGERS[] = {"lmcache",         "lmcache.server", "lmcache.http",
-                                      "lmcache.l1",      "lmcache.l2",     "lmcache.zmq",
-                                      "lmcache.periodic"};
+static const char *const LOGGERS[] = {"lmcache",          "lmcache.server", "lmcache.http",
+                                      "lmcache.l1",       "lmcache.l2",     "lmcache.zmq",
+                                      "lmcache.periodic", "lmcache.master"};
 
 int server_main(int argc, char **argv) {
     char err[512];
@@ -66,12 +68,39 @@ int server_main(int argc, char **argv) {
         config_free(&cfg);
         return 1;
     }
+    /* The master reporter hooks into the engine before the caches exist: objects found on disk
+     * at start are its first placements. */
+    struct reporter *reporter = NULL;
+    if (cfg.master_address && cfg.master_address[0]) {
+        reporter = reporter_create(&engine, err, sizeof(err));
+        if (!reporter) {
+            fprintf(stderr, "lmcache server: error: %s\n", err);
+            engine_destroy(&engine);
+            admin_options_free(&aopt);
+            config_free(&cfg);
+            return 1;
+        }
+    }
+    struct kvevents *kvev = NULL;
+    if (cfg.kv_events_endpoint && cfg.kv_events_endpoint[0]) {
+        kvev = kvevents_create(&engine, cfg.kv_events_endpoint, err, sizeof(err));
+        if (!kvev) {
+            fprintf(stderr, "lmcache server: error: %s\n", err);
+            engine_destroy(&engine);
+            reporter_free(reporter);
+            admin_options_free(&aopt);
+            config_free(&cfg);
+            return 2;
+        }
+    }
     /* Caches first: an L2 adapter that rejects its configuration is a bad option value, reported
      * before any port is bound. */
     int crc = engine_start_caches(&engine, err, sizeof(err));
     if (crc < 0) {
         fprintf(stderr, "lmcache server: error: %s\n", err);
         engine_destroy(&engine);
+        reporter_free(reporter);
+        kvevents_free(kvev);
         admin_options_free(&aopt);
         config_free(&cfg);
         return crc == ENGINE_ERR_CONFIG ? 2 : 1;
@@ -82,6 +111,8 @@ int server_main(int argc, char **argv) {
     if (!admin) {
         log_error(lg, "HTTP admin API: %s", err);
         engine_destroy(&engine);
+        reporter_free(reporter);
+        kvevents_free(kvev);
         config_free(&cfg);
         return 1;
     }
@@ -99,6 +130,8 @@ int server_main(int argc, char **argv) {
         log_error(lg, "engine failed to start: %s", err);
         admin_stop(admin, 1.0);
         engine_destroy(&engine);
+        reporter_free(reporter);
+        kvevents_free(kvev);
         config_free(&cfg);
         return 1;
     }
@@ -108,9 +141,16 @@ int server_main(int argc, char **argv) {
         log_error(lg, "engine failed to start: data socket: %s", err);
         admin_stop(admin, 1.0);
         engine_destroy(&engine);
+        reporter_free(reporter);
+        kvevents_free(kvev);
         config_free(&cfg);
         return 1;
     }
+    /* Reporting starts once the node serves: peers and routers are sent to it from then on. */
+    if (reporter && reporter_start(reporter, err, sizeof(err)) < 0)
+        log_error(lg, "%s; not reporting to the master", err);
+    if (kvev && kvevents_start(kvev, err, sizeof(err)) < 0)
+        log_error(lg, "%s; not publishing KV events", err);
     engine_set_ready(&engine, 1);
     log_info(lg, "engine ready (L1 %.3g GiB, policy %s, chunk size %ld)", cfg.l1_size_gb,
              cfg.eviction_policy, cfg.chunk_size);
@@ -120,11 +160,16 @@ int server_main(int argc, char **argv) {
     sigwait(&set, &sig);
     log_info(lg, "received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     sd_notify_send("STOPPING=1");
-    /* Front ends first (admin API quiesced, data socket drained), then the engine. */
+    /* Front ends first (admin API quiesced, master told we are gone, data socket drained), then
+     * the engine. */
     admin_stop(admin, 5.0);
     engine_set_ready(&engine, 0);
+    reporter_stop(reporter); /* routers stop sending requests here first: unregister */
+    kvevents_stop(kvev);
     dataplane_stop(dp);
     engine_destroy(&engine);
+    reporter_free(reporter);
+    kvevents_free(kvev);
     config_free(&cfg);
     log_info(lg, "stopped");
     return 0;

@@ -249,9 +249,20 @@ static void do_uncount_lock(struct l1 *l1, struct l1_entry *e) {
     e->flags &= (uint8_t)~F_LCOUNT;
 }
 
+/* Tells the listener about a non-temporary entry that turns resident or leaves. The caller holds
+ * the entry's stripe mutex; the entry still counts for its names, so they are valid. */
+static void do_notify(struct l1 *l1, const struct l1_entry *e, bool present) {
+    if (!l1->cfg.listener.on_change || (e->flags & F_TEMP) || e->state != ST_RESIDENT) return;
+    const char *model = keys_intern_str(l1->models, e->key.model_id);
+    const char *salt = keys_intern_str(l1->salts_names, e->key.salt_id);
+    l1->cfg.listener.on_change(l1->cfg.listener.arg, &e->key, model ? model : "", salt ? salt : "",
+                               present);
+}
+
 /* Unhashes, unlists and frees an entry and its memory. */
 static void do_remove(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h) {
     CHECK_ENTRY(e);
+    do_notify(l1, e, false);
     do_unhash(l1, s, e, h);
     uint64_t bytes = rounded(l1, e->size);
     pthread_mutex_lock(&l1->lru_mu);
@@ -283,6 +294,7 @@ static void do_remove(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint6
 /* Takes a locked entry out of view without freeing its memory (see "Doomed entries"). */
 static void do_doom(struct l1 *l1, struct l1_entry *e) {
     CHECK_ENTRY(e);
+    do_notify(l1, e, false);
     uint64_t bytes = rounded(l1, e->size);
     pthread_mutex_lock(&l1->lru_mu);
     if (e->state == ST_STAGING) {
@@ -795,6 +807,7 @@ int l1_finish_write(struct l1 *l1, const struct l1_key *key, uint32_t token, uin
     pthread_mutex_unlock(&l1->lru_mu);
     cnt_add(&l1->write_chunks, 1);
     cnt_add(&l1->salts[key->salt_id].write_chunks, 1);
+    do_notify(l1, e, true);
     pthread_mutex_unlock(&s->mu);
     return rc;
 }

@@ -60,6 +60,18 @@ enum {
 
 enum l1_policy { L1_POLICY_LRU = 0, L1_POLICY_ISOLATED_LRU = 1, L1_POLICY_NOOP = 2 };
 
+struct l1_key;
+
+/* Told when a non-temporary object becomes resident (present = true) and when such an object
+ * leaves (freed or doomed; present = false). Called with the object's stripe mutex held: it must
+ * be quick and may take only leaf locks. model and salt are the object's names, valid for the
+ * call. */
+struct l1_listener {
+    void (*on_change)(void *arg, const struct l1_key *k, const char *model, const char *salt,
+                      bool present);
+    void *arg;
+};
+
 struct l1_config {
     uint64_t size_bytes;        /* --l1-size-gb in bytes */
     uint32_t unit;              /* allocation unit/alignment, power of two >= 4096; 0 = 4096 */
@@ -79,6 +91,8 @@ struct l1_config {
     uint32_t max_models;        /* distinct model names (<= 65535); 0 = 1024 */
     struct quota *quota;        /* borrowed, may be NULL (every salt then has limit 0); read by
                                    l1_evict_tick and l1_quota_changed only */
+    /* optional: told of resident objects coming and going (on_change NULL: none) */
+    struct l1_listener listener;
 };
 
 /* The compact key the table stores: the chunk hash plus interned model name and salt. Make it
