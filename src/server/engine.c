@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -629,6 +630,41 @@ static int prompt_keys(struct engine *e, const struct engine_prompt *p, uint32_t
 
 /* ---- store / read ---- */
 
+/* Whether a resident key holds an object of `size` bytes (true when it vanished meanwhile). */
+static bool resident_size_is(struct engine *e, const struct l1_key *key, uint64_t size) {
+    struct l1_ref r;
+    uint64_t now = clock_mono_ns();
+    if (l1_reserve_read(e->l1, key, 1, now, &r) != L1_OK) return true;
+    bool same = r.size == size;
+    l1_finish_read(e->l1, key, 1, now);
+    return same;
+}
+
+/* l1_reserve_write that waits for a concurrent writer of the same key instead of answering
+ * L1_ERR_BUSY at once: until that writer finished (L1_EXISTS), failed (L1_OK: this caller
+ * writes it) or *deadline passed (L1_ERR_BUSY). L1 has no wake-up for this, so the wait polls
+ * with a growing sleep (a chunk copy takes micro- to milliseconds). With replace, a resident
+ * object of another size is deleted (once no one reads it) and written again. *deadline is 0
+ * until the first wait of the call sets it, so one call waits ENGINE_STORE_WAIT_NS at most. */
+static int reserve_or_wait(struct engine *e, const struct l1_key *key, uint64_t size, bool replace,
+                           uint64_t *deadline, struct l1_ref *ref) {
+    long sleep_ns = 20 * 1000;
+    for (;;) {
+        uint64_t now = clock_mono_ns();
+        int w = l1_reserve_write(e->l1, key, size, false, now, ref);
+        if (w == L1_EXISTS && replace && !resident_size_is(e, key, size)) {
+            if (l1_delete(e->l1, key, false, now) == L1_OK) continue;
+            w = L1_ERR_BUSY; /* read-locked: wait for its readers */
+        }
+        if (w != L1_ERR_BUSY) return w;
+        if (!*deadline) *deadline = now + ENGINE_STORE_WAIT_NS;
+        if (now >= *deadline) return L1_ERR_BUSY;
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 2 * 1000 * 1000) sleep_ns *= 2;
+    }
+}
+
 int engine_store(struct engine *e, const struct engine_prompt *p, const char *model,
                  uint32_t world_size, uint32_t rank, const struct engine_source *src,
                  uint64_t now_ns, struct engine_store_result *res, char *err, size_t errlen) {
@@ -637,6 +673,7 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
     struct l1_key *wt_l1keys = NULL;
     size_t nwt = 0;
     int rc = ENGINE_OK;
+    uint64_t wait_deadline = 0; /* set at the first wait */
     memset(res, 0, sizeof(*res));
     if (e->l2ctl && n) {
         wt_keys = malloc((size_t)n * sizeof(*wt_keys));
@@ -656,9 +693,13 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
                         &key, err, errlen);
         if (rc != ENGINE_OK) goto out;
         uint64_t size = src->size(src->arg, i);
-        int w = l1_reserve_write(e->l1, &key, size, false, now_ns, &ref);
-        if (w == L1_EXISTS || w == L1_ERR_BUSY) { /* resident, or being written by another */
+        int w = reserve_or_wait(e, &key, size, src->replace, &wait_deadline, &ref);
+        if (w == L1_EXISTS) { /* resident (written before, or by the writer we waited for) */
             res->skipped++;
+            continue;
+        }
+        if (w == L1_ERR_BUSY) { /* still being written by another request */
+            res->pending++;
             continue;
         }
         if (w != L1_OK) {
@@ -897,6 +938,11 @@ struct kv_context *engine_context_get(struct engine *e, int64_t instance_id, con
 }
 
 void engine_context_put(struct kv_context *c) { kvreg_put(c); }
+
+int engine_context_layout(struct engine *e, const char *model, uint32_t world_size,
+                          struct kv_layout *out) {
+    return kvreg_find_layout(&e->contexts, model, world_size, out);
+}
 
 int engine_context_ping(struct engine *e, int64_t instance_id, uint64_t now_ns) {
     return kvreg_ping(&e->contexts, instance_id, now_ns);

@@ -450,12 +450,13 @@ static int op_store(struct op_ctx *o) {
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t t0 = clock_mono_ns();
     struct gather_src gs = {c, cs, per, blocks};
-    struct engine_source src = {gather_size, gather_fill, &gs};
+    struct engine_source src = {gather_size, gather_fill, &gs, true};
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, c->model_name, c->world_size, c->worker_id, &src, o->now,
                            &res, o->err->message, sizeof(o->err->message));
     dp_put_int(o->r, "stored_chunks", res.stored);
     dp_put_int(o->r, "skipped_chunks", res.skipped);
+    dp_put_int(o->r, "pending_chunks", res.pending);
     observe_throughput(o->e, 1, c->model_name, res.bytes, t0);
     if (erc == ENGINE_ERR_SOURCE) {
         dp_fail(o->err, DP_SHM_ERROR, SHRUNK);
@@ -574,13 +575,28 @@ static int op_store_bytes(struct op_ctx *o) {
             dp_fail(o->err, DP_BAD_REQUEST, "chunks[%u] must be non-empty bin", i);
             goto out;
         }
+    /* An object of another size than the registered layout's could never be retrieved into
+     * it, while lookups would count it: refuse it here rather than poison the key. */
+    struct kv_layout layout;
+    if (engine_context_layout(o->e, model, ws, &layout) == 0) {
+        uint64_t want = kv_object_bytes(&layout, (uint32_t)o->e->cfg->chunk_size);
+        for (uint32_t i = 0; i < n; i++)
+            if (chunks[i].via.bin.size != want) {
+                dp_fail(o->err, DP_BAD_REQUEST,
+                        "chunks[%u] is %u bytes; the KV layout registered for model_name "
+                        "'%.256s' with world_size %u makes objects of %llu bytes",
+                        i, chunks[i].via.bin.size, model, ws, (unsigned long long)want);
+                goto out;
+            }
+    }
     uint64_t t0 = clock_mono_ns();
-    struct engine_source src = {bin_size, bin_fill, (void *)chunks};
+    struct engine_source src = {bin_size, bin_fill, (void *)chunks, false};
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, model, ws, rank, &src, o->now, &res, o->err->message,
                            sizeof(o->err->message));
     dp_put_int(o->r, "stored_chunks", res.stored);
     dp_put_int(o->r, "skipped_chunks", res.skipped);
+    dp_put_int(o->r, "pending_chunks", res.pending);
     observe_throughput(o->e, 1, model, res.bytes, t0);
     if (erc != ENGINE_OK) {
         engine_fail(o, erc);
