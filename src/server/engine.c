@@ -87,6 +87,8 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *err, 
         keys_default_seed(e->seed);
     kvreg_init(&e->contexts);
     session_table_init(&e->sessions);
+    pthread_mutex_init(&e->l2w_mu, NULL);
+    pthread_cond_init(&e->l2w_cv, NULL);
     static const char *const INFO_LABELS[] = {"version", "commit", "instance_id", NULL};
     const char *info[] = {version_lmc(), version_commit(), e->instance_id};
     metric_set(
@@ -353,6 +355,82 @@ static void do_refresh_l2_metrics(struct engine *e) {
     add_delta(m->store_submitted, NULL, st.store_submitted_objects, &m->last_submitted);
 }
 
+/* A store waiting for the write-through of the chunks it stored (engine_store, wait_l2_ns). */
+struct engine_l2_wait {
+    struct engine_l2_wait *next;
+    const struct l1_key *keys;
+    uint8_t *state; /* per key: 0 in flight, 1 stored by every adapter, 2 failed or dropped */
+    size_t n, left;
+};
+
+static bool l1_key_same(const struct l1_key *a, const struct l1_key *b) {
+    return a->hash_len == b->hash_len && !memcmp(a->hash, b->hash, a->hash_len) &&
+           a->kv_rank == b->kv_rank && a->object_group_id == b->object_group_id &&
+           a->model_id == b->model_id && a->salt_id == b->salt_id && a->model_gen == b->model_gen &&
+           a->salt_gen == b->salt_gen;
+}
+
+/* The controller's store_done: marks the key in every waiting store that queued it. The scan
+ * is over waiting stores only (one per worker at most), so idle write-through costs a lock. */
+static void l2_store_done(void *arg, const struct l1_key *key, int ok) {
+    struct engine *e = arg;
+    pthread_mutex_lock(&e->l2w_mu);
+    bool wake = false;
+    for (struct engine_l2_wait *w = e->l2w_head; w; w = w->next)
+        for (size_t i = 0; i < w->n; i++)
+            if (!w->state[i] && l1_key_same(&w->keys[i], key)) {
+                w->state[i] = ok ? 1 : 2;
+                if (--w->left == 0) wake = true;
+                break;
+            }
+    if (wake) pthread_cond_broadcast(&e->l2w_cv);
+    pthread_mutex_unlock(&e->l2w_mu);
+}
+
+/* Queues keys[0..n) for write-through and, with wait_ns, waits until every one of them is
+ * stored in every adapter, failed, or wait_ns passed. Returns the number stored everywhere
+ * (0 without wait_ns). */
+static int64_t l2_store_and_wait(struct engine *e, const struct keys_object_key *okeys,
+                                 const struct l1_key *keys, size_t n, uint64_t wait_ns) {
+    struct engine_l2_wait w = {0};
+    if (wait_ns) {
+        w.state = calloc(n, 1);
+        if (w.state) {
+            w.keys = keys;
+            w.n = w.left = n;
+            pthread_mutex_lock(&e->l2w_mu);
+            w.next = e->l2w_head;
+            e->l2w_head = &w;
+            pthread_mutex_unlock(&e->l2w_mu);
+        }
+    }
+    size_t took = l2ctl_store(e->l2ctl, okeys, keys, n);
+    if (!w.state) return 0;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    uint64_t ns = (uint64_t)until.tv_nsec + wait_ns;
+    until.tv_sec += (time_t)(ns / 1000000000u);
+    until.tv_nsec = (long)(ns % 1000000000u);
+    int64_t stored = 0;
+    pthread_mutex_lock(&e->l2w_mu);
+    for (size_t i = took; i < n; i++) /* refused by a full queue: they will never be written */
+        if (!w.state[i]) {
+            w.state[i] = 2;
+            w.left--;
+        }
+    while (w.left && pthread_cond_timedwait(&e->l2w_cv, &e->l2w_mu, &until) == 0) {
+    }
+    for (struct engine_l2_wait **pp = &e->l2w_head; *pp; pp = &(*pp)->next)
+        if (*pp == &w) {
+            *pp = w.next;
+            break;
+        }
+    pthread_mutex_unlock(&e->l2w_mu);
+    for (size_t i = 0; i < n; i++) stored += w.state[i] == 1;
+    free(w.state);
+    return stored;
+}
+
 int engine_start_caches(struct engine *e, char *err, size_t errlen) {
     const struct server_config *c = e->cfg;
     e->quota = quota_create();
@@ -384,6 +462,8 @@ int engine_start_caches(struct engine *e, char *err, size_t errlen) {
         l2c.prefetch_max_in_flight = (uint32_t)c->l2_prefetch_max_in_flight;
         l2c.store_policy =
             strcmp(c->l2_store_policy, "skip_l1") == 0 ? L2CTL_STORE_SKIP_L1 : L2CTL_STORE_DEFAULT;
+        l2c.store_done = l2_store_done;
+        l2c.store_done_arg = e;
         int rc = l2ctl_create(&l2c, c->l2_adapter, &e->l2ctl, msg, sizeof(msg));
         if (rc != L2_OK) {
             errbuf_set(err, errlen, "argument --l2-adapter: %s", msg);
@@ -500,6 +580,8 @@ void engine_destroy(struct engine *e) {
     }
     session_table_destroy(&e->sessions);
     kvreg_destroy(&e->contexts);
+    pthread_cond_destroy(&e->l2w_cv);
+    pthread_mutex_destroy(&e->l2w_mu);
     if (e->l1) l1_destroy(e->l1);
     if (e->quota) quota_destroy(e->quota);
     free(e->l1m.last);
@@ -722,7 +804,7 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
         }
     }
 out:
-    if (nwt) l2ctl_store(e->l2ctl, wt_keys, wt_l1keys, nwt);
+    if (nwt) res->l2_stored = l2_store_and_wait(e, wt_keys, wt_l1keys, nwt, src->wait_l2_ns);
     free(wt_keys);
     free(wt_l1keys);
     return rc;

@@ -40,6 +40,7 @@ struct engine_dp_metrics {
 };
 
 struct l2ctl;
+struct engine_l2_wait;
 
 /* L2 metrics mirrored from the controller's and adapters' counters at each scrape. */
 struct engine_l2_metrics {
@@ -87,6 +88,11 @@ struct engine {
     size_t nl2;
     _Atomic uint64_t session_gen;
     struct engine_l2_metrics l2m;
+    /* stores waiting for their write-through to L2 (engine_source.wait_l2_ns): a list of
+     * struct engine_l2_wait under l2w_mu, woken through l2w_cv by the controller's store_done */
+    pthread_mutex_t l2w_mu;
+    pthread_cond_t l2w_cv;
+    struct engine_l2_wait *l2w_head;
     /* background prefault of the L1 arena */
     pthread_t prefault_tid;
     int prefault_started;
@@ -159,6 +165,7 @@ struct engine_source {
     int (*fill)(void *arg, uint32_t i, void *dst);
     void *arg;
     bool replace;
+    uint64_t wait_l2_ns; /* > 0: wait up to this long for the write-through of what is stored */
 };
 
 /* How long engine_store waits, in total per call, for other requests writing the same chunks. */
@@ -172,6 +179,10 @@ struct engine_source {
 struct engine_store_result {
     int64_t stored, skipped, pending;
     uint64_t bytes; /* of the chunks stored */
+    /* With wait_l2_ns (and L2 adapters): of the stored chunks, those every L2 adapter stored
+     * before the call returned (the others failed, were dropped, or were still being written
+     * when the wait ran out). */
+    int64_t l2_stored;
 };
 
 /* Stores the chunks of p for one rank into L1 and queues what was admitted for write-through

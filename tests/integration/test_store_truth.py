@@ -167,3 +167,46 @@ def test_store_bytes_of_another_size_than_the_registered_layout_is_refused(dp):
     finally:
         c.close()
         kv.close()
+
+
+def fs_files(base):
+    return sorted(p.name for p in base.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def test_wait_l2_replies_once_the_write_through_finished(make_server, tmp_path):
+    import json
+    base = tmp_path / "l2"
+    base.mkdir()
+    s = make_server(args=["--chunk-size", str(CHUNK), "--l2-adapter",
+                          json.dumps({"type": "fs", "base_path": str(base)})])
+    c = DPClient(s.zmq_port)
+    try:
+        toks = prompt(5, 3)
+        chunks = [bytes([i]) * 5000 for i in range(3)]
+        r = c.call("store_bytes", model_name="m", token_ids=toks, chunks=chunks, wait_l2=True)
+        assert r["stored_chunks"] == 3 and r["l2_stored_chunks"] == 3, r
+        # No polling: the files are there when the reply is.
+        assert len(fs_files(base)) == 3
+        ad = s.get("/status").json()["storage_manager"]["adapters"]
+        assert sum(a["usage"]["objects"] for a in ad) == 3
+        # A chunk already resident is not stored again: nothing to wait for.
+        r = c.call("store_bytes", model_name="m", token_ids=toks, chunks=chunks, wait_l2=True)
+        assert r["skipped_chunks"] == 3 and r["l2_stored_chunks"] == 0, r
+        # Without the flag the reply does not carry the field.
+        r = c.call("store_bytes", model_name="m", token_ids=prompt(6, 1), chunks=[b"z" * 100])
+        assert "l2_stored_chunks" not in r
+        r = c.raw("store_bytes", {"model_name": "m", "token_ids": toks, "chunks": chunks,
+                                  "wait_l2": 1})
+        assert r["ok"] is False and r["code"] == "bad_request"
+    finally:
+        c.close()
+
+
+def test_wait_l2_without_l2_tiers_reports_none_written(dp):
+    s, c = dp()
+    try:
+        r = c.call("store_bytes", model_name="m", token_ids=prompt(5, 1), chunks=[b"q" * 64],
+                   wait_l2=True)
+        assert r["stored_chunks"] == 1 and r["l2_stored_chunks"] == 0, r
+    finally:
+        c.close()

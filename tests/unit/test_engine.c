@@ -88,7 +88,7 @@ static int src_fill(void *arg, uint32_t i, void *dst) {
 static int store(const struct prompt *pr, const char *model, uint32_t ws, uint32_t rank,
                  struct src *s, struct engine_store_result *res) {
     char err[256];
-    struct engine_source es = {src_size, src_fill, s, false};
+    struct engine_source es = {src_size, src_fill, s, false, 0};
     return engine_store(&eng, &pr->p, model, ws, rank, &es, clock_mono_ns(), res, err, sizeof(err));
 }
 
