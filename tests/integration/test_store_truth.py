@@ -210,3 +210,21 @@ def test_wait_l2_without_l2_tiers_reports_none_written(dp):
         assert r["stored_chunks"] == 1 and r["l2_stored_chunks"] == 0, r
     finally:
         c.close()
+
+
+def test_python_client_reports_pending_l2_and_registration(make_server, tmp_path):
+    import json
+    import py_client_util  # noqa: F401 - puts <build>/python on sys.path
+    from lmcache_client import Client
+    base = tmp_path / "l2"
+    base.mkdir()
+    s = make_server(args=["--chunk-size", str(CHUNK), "--l2-adapter",
+                          json.dumps({"type": "fs", "base_path": str(base)})])
+    with Client(f"tcp://127.0.0.1:{s.zmq_port}") as c:
+        r = c.store_bytes("m", [b"a" * 300, b"b" * 300], token_ids=prompt(8, 2), wait_l2=True)
+        assert (r.stored_chunks, r.skipped_chunks, r.pending_chunks, r.l2_stored_chunks) == \
+            (2, 0, 0, 2)
+        assert len(fs_files(base)) == 2
+        r = c.store_bytes("m", [b"c" * 300], token_ids=prompt(9, 1))
+        assert r.l2_stored_chunks is None and r.pending_chunks == 0
+        assert c.ping(5).registered is False
