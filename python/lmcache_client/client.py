@@ -83,7 +83,10 @@ def _dec_none(reply, op):
 
 
 def _dec_store(reply, op):
-    return StoreResult(_int(reply, "stored_chunks", op), _int(reply, "skipped_chunks", op, 0))
+    l2 = reply.get("l2_stored_chunks")
+    return StoreResult(_int(reply, "stored_chunks", op), _int(reply, "skipped_chunks", op, 0),
+                       _int(reply, "pending_chunks", op, 0),
+                       _int(reply, "l2_stored_chunks", op) if l2 is not None else None)
 
 
 def _dec_retrieve(reply, op):
@@ -109,7 +112,9 @@ def _dec_ping(reply, op):
     t = reply.get("server_time")
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         raise LmcacheError(errors.PROTOCOL, "reply field 'server_time' is not a number", op)
-    return PingResult(inst if isinstance(inst, int) and inst >= 0 else None, float(t))
+    reg = reply.get("registered")
+    return PingResult(inst if isinstance(inst, int) and inst >= 0 else None, float(t),
+                      reg if isinstance(reg, bool) else None)
 
 
 def _dec_chunk_size(reply, op):
@@ -503,8 +508,11 @@ class Client:
         return self.send_raw("query_prefetch_status", {"request_id": request_id}, _dec_status)
 
     def send_store(self, instance_id, block_ids, *, token_ids=None, chunk_hashes=None, start=0,
-                   end=None, cache_salt=""):
+                   end=None, cache_salt="", wait_l2=False):
+        """wait_l2: the reply waits for the write-through to every L2 tier (l2_stored_chunks)."""
         p = {"instance_id": instance_id, "block_ids": _ids(block_ids)}
+        if wait_l2:
+            p["wait_l2"] = True
         return self.send_raw("store", _chunk_fields(p, token_ids, chunk_hashes, start, end,
                                                     cache_salt), _dec_store)
 
@@ -519,10 +527,12 @@ class Client:
                                                        cache_salt), _dec_retrieve)
 
     def send_store_bytes(self, model_name, chunks, *, token_ids=None, chunk_hashes=None, start=0,
-                         end=None, cache_salt="", world_size=1, worker_id=0):
+                         end=None, cache_salt="", world_size=1, worker_id=0, wait_l2=False):
         """chunks: one bytes-like object per chunk of the range, in the L1 object layout
-        [K|V][layer][token][bytes] (numpy arrays are sent as their bytes)."""
+        [K|V][layer][token][bytes] (numpy arrays are sent as their bytes). wait_l2: as store."""
         p = {"model_name": model_name, "chunks": [_as_bin(c) for c in chunks]}
+        if wait_l2:
+            p["wait_l2"] = True
         if world_size != 1:
             p["world_size"] = world_size
         if worker_id:

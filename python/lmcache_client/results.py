@@ -9,8 +9,13 @@ PROOF_PAGE = 4096  # the object's last bytes, after the layout: the proof-of-acc
 
 @dataclass(frozen=True)
 class StoreResult:
+    """stored: written by this request; skipped: already resident; pending: another request was
+    still writing them when the server stopped waiting (not stored). l2_stored_chunks: with
+    wait_l2, the stored chunks every L2 tier holds (None without wait_l2)."""
     stored_chunks: int
     skipped_chunks: int
+    pending_chunks: int = 0
+    l2_stored_chunks: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class PrefetchStatus:
 class PingResult:
     instance_id: Optional[int]
     server_time: float
+    registered: Optional[bool] = None  # with an instance_id: whether the server knows it
 
 
 @dataclass(frozen=True)

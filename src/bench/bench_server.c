@@ -6,7 +6,10 @@
  * taken before the store, locally and through `POST /cache/checksums`); exit 1 on any mismatch.
  * throughput: N clients (threads, one DEALER and one shared-memory KV cache each) store and
  * retrieve their prompts through shared memory and then through store_bytes/retrieve_bytes;
- * prints GB/s, lookup latency percentiles and a single-thread memcpy reference of the same run. */
+ * prints GB/s, lookup latency percentiles and a single-thread memcpy reference of the same run.
+ * echo: the floor under every data-plane number: a bare ZMQ DEALER/ROUTER echo over loopback tcp
+ * of --echo-mib messages (the server thread sends back the very message it received), the
+ * transport alone without msgpack, L1 or shared memory. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stddef.h>
@@ -22,6 +25,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <zmq.h>
 
 #include "base/clock.h"
 #include "bench/bench.h"
@@ -48,6 +52,7 @@ struct opts {
     long long seed;
     int bytes_path; /* throughput: also measure store_bytes/retrieve_bytes */
     int warmup;     /* throughput: untimed store pass, then `clear`, before the timed phases */
+    int echo_mib;   /* echo: message size */
 };
 
 enum opt_kind { OPT_STR, OPT_INT, OPT_LL, OPT_FLAG_OFF, OPT_FLAG_ON };
@@ -61,7 +66,7 @@ static const struct option_row {
 } OPTIONS[] = {
 #define O(flag, kind, field, help)                                                                 \
     { flag, kind, offsetof(struct opts, field), help }
-    O("--mode", OPT_STR, mode, "correctness | throughput"),
+    O("--mode", OPT_STR, mode, "correctness | throughput | echo"),
     O("--host", OPT_STR, host, "server data-socket host"),
     O("--port", OPT_INT, port, "server data-socket port"),
     O("--http-host", OPT_STR, http_host, "admin API host for /cache/checksums"),
@@ -85,6 +90,8 @@ static const struct option_row {
     O("--warmup", OPT_FLAG_ON, warmup,
       "throughput: untimed store pass then `clear` (empties L1!), so the timed store finds the "
       "server's mappings and L1 pages already touched"),
+    O("--echo-mib", OPT_INT, echo_mib,
+      "echo: message size in MiB (--rounds x 8 round trips, at least 512 MiB)"),
 #undef O
 };
 #define NOPTIONS (sizeof(OPTIONS) / sizeof(OPTIONS[0]))
@@ -869,6 +876,88 @@ out:
     return rc ? 1 : 0;
 }
 
+/* echo: the ROUTER side, in a thread of its own: returns every message to its sender. */
+static void *echo_router(void *arg) {
+    void *sock = arg;
+    for (;;) {
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        if (zmq_msg_recv(&id, sock, 0) < 0 || zmq_msg_recv(&body, sock, 0) < 0) {
+            zmq_msg_close(&id);
+            zmq_msg_close(&body);
+            return NULL; /* the context was shut down */
+        }
+        int stop = zmq_msg_size(&body) == 0;
+        if (zmq_msg_send(&id, sock, ZMQ_SNDMORE) < 0 || zmq_msg_send(&body, sock, 0) < 0) {
+            zmq_msg_close(&id);
+            zmq_msg_close(&body);
+            return NULL;
+        }
+        if (stop) return NULL;
+    }
+}
+
+/* GB/s of one DEALER sending a message of o->echo_mib MiB and receiving it back, round trip
+ * after round trip (bytes counted once per round trip, as a store or retrieve counts them). */
+static int run_echo(const struct opts *o) {
+    size_t n = (size_t)o->echo_mib * MiB;
+    int rounds = o->rounds * 8, rc = 1;
+    if (o->echo_mib > 0 && rounds < 512 / o->echo_mib) rounds = 512 / o->echo_mib; /* >= 512 MiB */
+    if (o->echo_mib < 1 || o->echo_mib > 1024) {
+        fprintf(stderr, "lmcache bench server: --echo-mib must be 1..1024\n");
+        return 2;
+    }
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER),
+         *dealer = zmq_socket(ctx, ZMQ_DEALER);
+    char ep[128];
+    size_t eplen = sizeof(ep);
+    unsigned char *buf = malloc(n);
+    pthread_t th;
+    int th_started = 0, zero = 0;
+    if (!buf || !router || !dealer) goto out;
+    fill_random(buf, n, (uint64_t)o->seed);
+    zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof(zero));
+    if (zmq_bind(router, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &eplen) != 0 || zmq_connect(dealer, ep) != 0)
+        goto out;
+    if (pthread_create(&th, NULL, echo_router, router) != 0) goto out;
+    th_started = 1;
+    double ref_before = bench_memcpy_gbps(0, 1.0), t0 = 0;
+    for (int i = -2; i < rounds; i++) { /* two untimed round trips set the connection up */
+        if (i == 0) t0 = clock_mono();
+        zmq_msg_t m;
+        if (zmq_send(dealer, buf, n, 0) < 0) goto out;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, dealer, 0) != (int)n) {
+            zmq_msg_close(&m);
+            goto out;
+        }
+        zmq_msg_close(&m);
+    }
+    double secs = clock_mono() - t0;
+    double ref_after = bench_memcpy_gbps(0, 1.0);
+    double ref = ref_before > ref_after ? ref_before : ref_after;
+    double g = (double)n * rounds / secs / 1e9;
+    printf("memcpy reference (1 thread, 64 MiB buffers): %.2f GB/s before, %.2f GB/s after\n",
+           ref_before, ref_after);
+    printf("%-15s %8.2f GB/s  (%d round trips of %d MiB in %.3f s, %.0f%% of memcpy)\n", "zmq echo",
+           g, rounds, o->echo_mib, secs, ref > 0 ? 100.0 * g / ref : 0.0);
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "lmcache bench server: echo failed: %s\n", zmq_strerror(zmq_errno()));
+    if (th_started) {
+        zmq_send(dealer, "", 0, 0); /* an empty message stops the echo thread */
+        pthread_join(th, NULL);
+    }
+    if (router) zmq_close(router);
+    if (dealer) zmq_close(dealer);
+    zmq_ctx_term(ctx);
+    free(buf);
+    return rc;
+}
+
 int bench_server_main(int argc, char **argv) {
     struct opts o = {.mode = "correctness",
                      .host = "127.0.0.1",
@@ -891,7 +980,8 @@ int bench_server_main(int argc, char **argv) {
                      .timeout_ms = 60000,
                      .seed = -1,
                      .bytes_path = 1,
-                     .warmup = 0};
+                     .warmup = 0,
+                     .echo_mib = 32};
     struct opts defaults = o;
     defaults.http_host = "--host";
     int r = parse(argc, argv, &o);
@@ -903,6 +993,7 @@ int bench_server_main(int argc, char **argv) {
     if (o.seed < 0) o.seed = (long long)(time(NULL) ^ ((long long)getpid() << 16)) & 0xffffffffll;
     if (!strcmp(o.mode, "correctness")) return run_correctness(&o);
     if (!strcmp(o.mode, "throughput")) return run_throughput(&o);
-    fprintf(stderr, "lmcache bench server: --mode must be correctness or throughput\n");
+    if (!strcmp(o.mode, "echo")) return run_echo(&o);
+    fprintf(stderr, "lmcache bench server: --mode must be correctness, throughput or echo\n");
     return 2;
 }

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -87,6 +88,8 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *err, 
         keys_default_seed(e->seed);
     kvreg_init(&e->contexts);
     session_table_init(&e->sessions);
+    pthread_mutex_init(&e->l2w_mu, NULL);
+    pthread_cond_init(&e->l2w_cv, NULL);
     static const char *const INFO_LABELS[] = {"version", "commit", "instance_id", NULL};
     const char *info[] = {version_lmc(), version_commit(), e->instance_id};
     metric_set(
@@ -445,6 +448,82 @@ void engine_tier_capacities(struct engine *e, struct engine_tier_capacity *out) 
     }
 }
 
+/* A store waiting for the write-through of the chunks it stored (engine_store, wait_l2_ns). */
+struct engine_l2_wait {
+    struct engine_l2_wait *next;
+    const struct l1_key *keys;
+    uint8_t *state; /* per key: 0 in flight, 1 stored by every adapter, 2 failed or dropped */
+    size_t n, left;
+};
+
+static bool l1_key_same(const struct l1_key *a, const struct l1_key *b) {
+    return a->hash_len == b->hash_len && !memcmp(a->hash, b->hash, a->hash_len) &&
+           a->kv_rank == b->kv_rank && a->object_group_id == b->object_group_id &&
+           a->model_id == b->model_id && a->salt_id == b->salt_id && a->model_gen == b->model_gen &&
+           a->salt_gen == b->salt_gen;
+}
+
+/* The controller's store_done: marks the key in every waiting store that queued it. The scan
+ * is over waiting stores only (one per worker at most), so idle write-through costs a lock. */
+static void l2_store_done(void *arg, const struct l1_key *key, int ok) {
+    struct engine *e = arg;
+    pthread_mutex_lock(&e->l2w_mu);
+    bool wake = false;
+    for (struct engine_l2_wait *w = e->l2w_head; w; w = w->next)
+        for (size_t i = 0; i < w->n; i++)
+            if (!w->state[i] && l1_key_same(&w->keys[i], key)) {
+                w->state[i] = ok ? 1 : 2;
+                if (--w->left == 0) wake = true;
+                break;
+            }
+    if (wake) pthread_cond_broadcast(&e->l2w_cv);
+    pthread_mutex_unlock(&e->l2w_mu);
+}
+
+/* Queues keys[0..n) for write-through and, with wait_ns, waits until every one of them is
+ * stored in every adapter, failed, or wait_ns passed. Returns the number stored everywhere
+ * (0 without wait_ns). */
+static int64_t l2_store_and_wait(struct engine *e, const struct keys_object_key *okeys,
+                                 const struct l1_key *keys, size_t n, uint64_t wait_ns) {
+    struct engine_l2_wait w = {0};
+    if (wait_ns) {
+        w.state = calloc(n, 1);
+        if (w.state) {
+            w.keys = keys;
+            w.n = w.left = n;
+            pthread_mutex_lock(&e->l2w_mu);
+            w.next = e->l2w_head;
+            e->l2w_head = &w;
+            pthread_mutex_unlock(&e->l2w_mu);
+        }
+    }
+    size_t took = l2ctl_store(e->l2ctl, okeys, keys, n);
+    if (!w.state) return 0;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    uint64_t ns = (uint64_t)until.tv_nsec + wait_ns;
+    until.tv_sec += (time_t)(ns / 1000000000u);
+    until.tv_nsec = (long)(ns % 1000000000u);
+    int64_t stored = 0;
+    pthread_mutex_lock(&e->l2w_mu);
+    for (size_t i = took; i < n; i++) /* refused by a full queue: they will never be written */
+        if (!w.state[i]) {
+            w.state[i] = 2;
+            w.left--;
+        }
+    while (w.left && pthread_cond_timedwait(&e->l2w_cv, &e->l2w_mu, &until) == 0) {
+    }
+    for (struct engine_l2_wait **pp = &e->l2w_head; *pp; pp = &(*pp)->next)
+        if (*pp == &w) {
+            *pp = w.next;
+            break;
+        }
+    pthread_mutex_unlock(&e->l2w_mu);
+    for (size_t i = 0; i < n; i++) stored += w.state[i] == 1;
+    free(w.state);
+    return stored;
+}
+
 int engine_start_caches(struct engine *e, char *err, size_t errlen) {
     const struct server_config *c = e->cfg;
     e->quota = quota_create();
@@ -477,6 +556,8 @@ int engine_start_caches(struct engine *e, char *err, size_t errlen) {
         l2c.prefetch_max_in_flight = (uint32_t)c->l2_prefetch_max_in_flight;
         l2c.store_policy =
             strcmp(c->l2_store_policy, "skip_l1") == 0 ? L2CTL_STORE_SKIP_L1 : L2CTL_STORE_DEFAULT;
+        l2c.store_done = l2_store_done;
+        l2c.store_done_arg = e;
         int rc = l2ctl_create(&l2c, c->l2_adapter, &e->l2ctl, msg, sizeof(msg));
         if (rc != L2_OK) {
             errbuf_set(err, errlen, "argument --l2-adapter: %s", msg);
@@ -594,6 +675,8 @@ void engine_destroy(struct engine *e) {
     }
     session_table_destroy(&e->sessions);
     kvreg_destroy(&e->contexts);
+    pthread_cond_destroy(&e->l2w_cv);
+    pthread_mutex_destroy(&e->l2w_mu);
     if (e->l1) l1_destroy(e->l1);
     if (e->quota) quota_destroy(e->quota);
     free(e->l1m.last);
@@ -727,6 +810,41 @@ static int prompt_keys(struct engine *e, const struct engine_prompt *p, uint32_t
 
 /* ---- store / read ---- */
 
+/* Whether a resident key holds an object of `size` bytes (true when it vanished meanwhile). */
+static bool resident_size_is(struct engine *e, const struct l1_key *key, uint64_t size) {
+    struct l1_ref r;
+    uint64_t now = clock_mono_ns();
+    if (l1_reserve_read(e->l1, key, 1, now, &r) != L1_OK) return true;
+    bool same = r.size == size;
+    l1_finish_read(e->l1, key, 1, now);
+    return same;
+}
+
+/* l1_reserve_write that waits for a concurrent writer of the same key instead of answering
+ * L1_ERR_BUSY at once: until that writer finished (L1_EXISTS), failed (L1_OK: this caller
+ * writes it) or *deadline passed (L1_ERR_BUSY). L1 has no wake-up for this, so the wait polls
+ * with a growing sleep (a chunk copy takes micro- to milliseconds). With replace, a resident
+ * object of another size is deleted (once no one reads it) and written again. *deadline is 0
+ * until the first wait of the call sets it, so one call waits ENGINE_STORE_WAIT_NS at most. */
+static int reserve_or_wait(struct engine *e, const struct l1_key *key, uint64_t size, bool replace,
+                           uint64_t *deadline, struct l1_ref *ref) {
+    long sleep_ns = 20 * 1000;
+    for (;;) {
+        uint64_t now = clock_mono_ns();
+        int w = l1_reserve_write(e->l1, key, size, false, now, ref);
+        if (w == L1_EXISTS && replace && !resident_size_is(e, key, size)) {
+            if (l1_delete(e->l1, key, false, now) == L1_OK) continue;
+            w = L1_ERR_BUSY; /* read-locked: wait for its readers */
+        }
+        if (w != L1_ERR_BUSY) return w;
+        if (!*deadline) *deadline = now + ENGINE_STORE_WAIT_NS;
+        if (now >= *deadline) return L1_ERR_BUSY;
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 2 * 1000 * 1000) sleep_ns *= 2;
+    }
+}
+
 int engine_store(struct engine *e, const struct engine_prompt *p, const char *model,
                  uint32_t world_size, uint32_t rank, const struct engine_source *src,
                  uint64_t now_ns, struct engine_store_result *res, char *err, size_t errlen) {
@@ -735,6 +853,7 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
     struct l1_key *wt_l1keys = NULL;
     size_t nwt = 0;
     int rc = ENGINE_OK;
+    uint64_t wait_deadline = 0; /* set at the first wait */
     memset(res, 0, sizeof(*res));
     if (e->l2ctl && n) {
         wt_keys = malloc((size_t)n * sizeof(*wt_keys));
@@ -754,9 +873,13 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
                         &key, err, errlen);
         if (rc != ENGINE_OK) goto out;
         uint64_t size = src->size(src->arg, i);
-        int w = l1_reserve_write(e->l1, &key, size, false, now_ns, &ref);
-        if (w == L1_EXISTS || w == L1_ERR_BUSY) { /* resident, or being written by another */
+        int w = reserve_or_wait(e, &key, size, src->replace, &wait_deadline, &ref);
+        if (w == L1_EXISTS) { /* resident (written before, or by the writer we waited for) */
             res->skipped++;
+            continue;
+        }
+        if (w == L1_ERR_BUSY) { /* still being written by another request */
+            res->pending++;
             continue;
         }
         if (w != L1_OK) {
@@ -779,7 +902,7 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
         }
     }
 out:
-    if (nwt) l2ctl_store(e->l2ctl, wt_keys, wt_l1keys, nwt);
+    if (nwt) res->l2_stored = l2_store_and_wait(e, wt_keys, wt_l1keys, nwt, src->wait_l2_ns);
     free(wt_keys);
     free(wt_l1keys);
     return rc;
@@ -1008,6 +1131,11 @@ struct kv_context *engine_context_get(struct engine *e, int64_t instance_id, con
 }
 
 void engine_context_put(struct kv_context *c) { kvreg_put(c); }
+
+int engine_context_layout(struct engine *e, const char *model, uint32_t world_size,
+                          struct kv_layout *out) {
+    return kvreg_find_layout(&e->contexts, model, world_size, out);
+}
 
 int engine_context_ping(struct engine *e, int64_t instance_id, const uint8_t *owner,
                         uint64_t now_ns) {

@@ -40,6 +40,7 @@ struct engine_dp_metrics {
 };
 
 struct l2ctl;
+struct engine_l2_wait;
 
 /* L2 metrics mirrored from the controller's and adapters' counters at each scrape. */
 struct engine_l2_metrics {
@@ -96,6 +97,11 @@ struct engine {
     size_t nl2;
     _Atomic uint64_t session_gen;
     struct engine_l2_metrics l2m;
+    /* stores waiting for their write-through to L2 (engine_source.wait_l2_ns): a list of
+     * struct engine_l2_wait under l2w_mu, woken through l2w_cv by the controller's store_done */
+    pthread_mutex_t l2w_mu;
+    pthread_cond_t l2w_cv;
+    struct engine_l2_wait *l2w_head;
     /* background prefault of the L1 arena */
     pthread_t prefault_tid;
     int prefault_started;
@@ -179,20 +185,39 @@ struct engine_prompt {
 /* ---- data plane: store, lookup, retrieve -------------------------------------------------- */
 
 /* Where a store's bytes come from: chunk i (0 = start_chunk) has size(arg, i) bytes and
- * fill(arg, i, dst) copies them (0, or -1 when the source cannot be read). */
+ * fill(arg, i, dst) copies them (0, or -1 when the source cannot be read). replace: a resident
+ * object of another size is replaced (a store from a registered layout: such an object could
+ * never be retrieved into it); without it, it counts as skipped. */
 struct engine_source {
     uint64_t (*size)(void *arg, uint32_t i);
     int (*fill)(void *arg, uint32_t i, void *dst);
     void *arg;
+    bool replace;
+    uint64_t wait_l2_ns; /* > 0: wait up to this long for the write-through of what is stored */
 };
 
+/* How long engine_store waits, in total per call, for other requests writing the same chunks. */
+#define ENGINE_STORE_WAIT_NS (2000ull * 1000 * 1000)
+
+/* Every count is true when the call returns: stored chunks were written by this call and are
+ * resident, skipped ones were already resident (or written by a concurrent request, which this
+ * call waited for). pending: chunks another request was still writing when the wait ran out
+ * (or an object of another size still read-locked, with replace): not stored by this call, they
+ * may or may not appear. */
 struct engine_store_result {
-    int64_t stored, skipped; /* skipped: already cached, or being written by another request */
-    uint64_t bytes;          /* of the chunks stored */
+    int64_t stored, skipped, pending;
+    uint64_t bytes; /* of the chunks stored */
+    /* With wait_l2_ns (and L2 adapters): of the stored chunks, those every L2 adapter stored
+     * before the call returned (the others failed, were dropped, or were still being written
+     * when the wait ran out). */
+    int64_t l2_stored;
 };
 
 /* Stores the chunks of p for one rank into L1 and queues what was admitted for write-through
- * to every L2 adapter. The chunks before a failure stay stored. Returns ENGINE_OK, or
+ * to every L2 adapter. A chunk another request is writing is waited for (at most
+ * ENGINE_STORE_WAIT_NS per call, in all): skipped once it turned resident, written by this call
+ * when that writer failed, pending when the wait ran out. The chunks before a failure stay
+ * stored. Returns ENGINE_OK, or
  * ENGINE_ERR_FULL / _TOO_MANY_NAMES / _INVAL (L1 refused), _SOURCE (fill failed), with err. */
 int engine_store(struct engine *e, const struct engine_prompt *p, const char *model,
                  uint32_t world_size, uint32_t rank, const struct engine_source *src,
@@ -247,6 +272,9 @@ int engine_unregister_context(struct engine *e, int64_t instance_id, const uint8
 struct kv_context *engine_context_get(struct engine *e, int64_t instance_id, const uint8_t *owner,
                                       uint64_t now_ns);
 void engine_context_put(struct kv_context *c);
+/* The first registered layout for (model, world_size): 0, or -1 when none is registered. */
+int engine_context_layout(struct engine *e, const char *model, uint32_t world_size,
+                          struct kv_layout *out);
 /* ping: refreshes liveness; 0, or -1 when unknown. */
 int engine_context_ping(struct engine *e, int64_t instance_id, const uint8_t *owner,
                         uint64_t now_ns);

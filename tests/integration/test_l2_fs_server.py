@@ -231,7 +231,8 @@ def test_warm_prefetch(fs_server):
     try:
         c.call("register_kv_cache", instance_id=0, model_name="m", **kv.layout())
         toks = prompt(7, 3)
-        c.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"w" * 800] * 3)
+        obj = kv.kv * kv.layers * CHUNK * kv.bpt  # the registered layout's object size
+        c.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"w" * obj] * 3)
         assert wait_for(lambda: l2_objects(s) == 3)
         s.post("/cache/clear")
         # Too short: nothing to submit.
@@ -266,7 +267,7 @@ def test_warm_prefetch(fs_server):
         assert s.get("/cache/prefetches/nope").status_code == 404
         # The warm data is retained in L1: a lookup hits without L2.
         assert s.get("/status").json()["storage_manager"]["l1"]["objects"] == 3
-        assert c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == [b"w" * 800] * 3
+        assert c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == [b"w" * obj] * 3
     finally:
         c.close()
         kv.close()

@@ -2,6 +2,8 @@
  * their release, and the L2 calls of an engine without L2 adapters. The engine runs without
  * threads or sockets (engine_create + engine_start_caches, as the fuzz drivers do). Time is the
  * monotonic clock: L1 compares the leases a store takes with the clock at its end. */
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -88,7 +90,7 @@ static int src_fill(void *arg, uint32_t i, void *dst) {
 static int store(const struct prompt *pr, const char *model, uint32_t ws, uint32_t rank,
                  struct src *s, struct engine_store_result *res) {
     char err[256];
-    struct engine_source es = {src_size, src_fill, s};
+    struct engine_source es = {src_size, src_fill, s, false, 0};
     return engine_store(&eng, &pr->p, model, ws, rank, &es, clock_mono_ns(), res, err, sizeof(err));
 }
 
@@ -221,6 +223,84 @@ static void test_l2_calls_without_l2(void **state) {
     assert_int_equal(nch, 0);
 }
 
+/* Another request writing chunk 1 while a store of chunks [0, 2) runs: the store must not count
+ * it as skipped while it is not resident. The writer here is the test itself, holding chunk 1's
+ * write lease directly in L1 until the store has written chunk 0, then failing (abort). */
+struct bg_store {
+    struct prompt *pr;
+    struct src *s;
+    struct engine_store_result res;
+    int rc;
+};
+
+static void *bg_store_main(void *arg) {
+    struct bg_store *b = arg;
+    b->rc = store(b->pr, "m", 1, 0, b->s, &b->res);
+    return NULL;
+}
+
+static void chunk_key(const struct prompt *pr, uint32_t c, struct l1_key *out) {
+    struct keys_object_key k;
+    char err[128];
+    memset(&k, 0, sizeof(k));
+    memcpy(k.hash, pr->hashes[c], KEYS_HASH_LEN);
+    k.hash_len = KEYS_HASH_LEN;
+    assert_int_equal(keys_kv_rank_pack(1, 0, &k.kv_rank, err, sizeof(err)), 0);
+    snprintf(k.model_name, sizeof(k.model_name), "m");
+    assert_int_equal(l1_key_make(eng.l1, &k, out), L1_OK);
+}
+
+static void test_store_takes_over_a_chunk_whose_concurrent_writer_failed(void **state) {
+    (void)state;
+    struct prompt pr;
+    struct src s = {40, UINT32_MAX};
+    struct l1_key k1;
+    struct l1_ref ref;
+    prompt_init(&pr, 0xc0, 0, 2);
+    chunk_key(&pr, 1, &k1);
+    assert_int_equal(l1_reserve_write(eng.l1, &k1, CHUNK, false, clock_mono_ns(), &ref), L1_OK);
+    struct bg_store b = {&pr, &s, {0}, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bg_store_main, &b), 0);
+    /* Once chunk 0 is resident the store has moved on to chunk 1 (bounded poll, no timing). */
+    for (long i = 0; i < 100000000 && read_back(&pr, 0, "m", 1, 0, OWNER_A, "", 40) != ENGINE_OK;
+         i++)
+        sched_yield();
+    assert_int_equal(l1_abort_write(eng.l1, &k1, ref.token), L1_OK);
+    pthread_join(th, NULL);
+    assert_int_equal(b.rc, ENGINE_OK);
+    assert_int_equal(b.res.stored, 2);
+    assert_int_equal(b.res.skipped, 0);
+    assert_int_equal(b.res.pending, 0);
+    assert_int_equal(read_back(&pr, 1, "m", 1, 0, OWNER_A, "", 41), ENGINE_OK);
+}
+
+/* The same with a writer that succeeds: the chunk counts as skipped, and it is resident. */
+static void test_store_waits_for_a_concurrent_writer(void **state) {
+    (void)state;
+    struct prompt pr;
+    struct src s = {50, UINT32_MAX};
+    struct l1_key k1;
+    struct l1_ref ref;
+    prompt_init(&pr, 0xc1, 0, 2);
+    chunk_key(&pr, 1, &k1);
+    assert_int_equal(l1_reserve_write(eng.l1, &k1, CHUNK, false, clock_mono_ns(), &ref), L1_OK);
+    memset(ref.data, 0x99, CHUNK);
+    struct bg_store b = {&pr, &s, {0}, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bg_store_main, &b), 0);
+    for (long i = 0; i < 100000000 && read_back(&pr, 0, "m", 1, 0, OWNER_A, "", 50) != ENGINE_OK;
+         i++)
+        sched_yield();
+    assert_int_equal(l1_finish_write(eng.l1, &k1, ref.token, 0, clock_mono_ns()), L1_OK);
+    pthread_join(th, NULL);
+    assert_int_equal(b.rc, ENGINE_OK);
+    assert_int_equal(b.res.stored, 1);
+    assert_int_equal(b.res.skipped, 1);
+    assert_int_equal(b.res.pending, 0);
+    assert_int_equal(read_back(&pr, 1, "m", 1, 0, OWNER_A, "", 0x99), ENGINE_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_then_read),
@@ -228,6 +308,8 @@ int main(void) {
         cmocka_unit_test(test_lookup_session_holds_and_releases),
         cmocka_unit_test(test_lookup_stops_at_the_first_chunk_missing_a_rank),
         cmocka_unit_test(test_l2_calls_without_l2),
+        cmocka_unit_test(test_store_takes_over_a_chunk_whose_concurrent_writer_failed),
+        cmocka_unit_test(test_store_waits_for_a_concurrent_writer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -345,6 +345,14 @@ static int op_register(struct op_ctx *o) {
         o->err->code = DP_BAD_REQUEST;
         return -1;
     }
+    /* One chunk is one L1 object, and L1 objects are below 4 GiB. */
+    uint64_t obj = kv_object_bytes(l, (uint32_t)o->e->cfg->chunk_size);
+    if (obj > UINT32_MAX) {
+        dp_fail(o->err, DP_BAD_REQUEST,
+                "the layout makes objects of %llu bytes per chunk; at most %u are allowed",
+                (unsigned long long)obj, UINT32_MAX);
+        return -1;
+    }
     if (register_checked(o, &c) < 0) return -1;
     log_info(o->e->lg_dp, "registered KV cache of instance %lld (%s, rank %u/%u, shm %s)",
              (long long)c.instance_id, c.model_name, c.worker_id, c.world_size, c.shm_name);
@@ -449,6 +457,16 @@ static int bin_fill(void *arg, uint32_t i, void *dst) {
     return 0;
 }
 
+/* How long a store with wait_l2 waits for its write-through to every L2 tier. */
+#define DP_WAIT_L2_NS (30ull * 1000 * 1000 * 1000)
+
+static int parse_wait_l2(struct op_ctx *o, struct engine_source *src) {
+    int wait = 0;
+    if (dp_bool(o->m, "wait_l2", 0, &wait, o->err) < 0) return -1;
+    src->wait_l2_ns = wait ? DP_WAIT_L2_NS : 0;
+    return 0;
+}
+
 static int op_store(struct op_ctx *o) {
     struct engine_prompt cr;
     uint32_t *blocks = NULL;
@@ -462,12 +480,15 @@ static int op_store(struct op_ctx *o) {
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t t0 = clock_mono_ns();
     struct gather_src gs = {c, cs, per, blocks};
-    struct engine_source src = {gather_size, gather_fill, &gs};
+    struct engine_source src = {gather_size, gather_fill, &gs, true, 0};
+    if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, c->model_name, c->world_size, c->worker_id, &src, o->now,
                            &res, o->err->message, sizeof(o->err->message));
     dp_put_int(o->r, "stored_chunks", res.stored);
     dp_put_int(o->r, "skipped_chunks", res.skipped);
+    dp_put_int(o->r, "pending_chunks", res.pending);
+    if (src.wait_l2_ns) dp_put_int(o->r, "l2_stored_chunks", res.l2_stored);
     observe_throughput(o->e, 1, c->model_name, res.bytes, t0);
     if (erc == ENGINE_ERR_SOURCE) {
         dp_fail(o->err, DP_SHM_ERROR, SHRUNK);
@@ -586,13 +607,30 @@ static int op_store_bytes(struct op_ctx *o) {
             dp_fail(o->err, DP_BAD_REQUEST, "chunks[%u] must be non-empty bin", i);
             goto out;
         }
+    /* An object of another size than the registered layout's could never be retrieved into
+     * it, while lookups would count it: refuse it here rather than poison the key. */
+    struct kv_layout layout;
+    if (engine_context_layout(o->e, model, ws, &layout) == 0) {
+        uint64_t want = kv_object_bytes(&layout, (uint32_t)o->e->cfg->chunk_size);
+        for (uint32_t i = 0; i < n; i++)
+            if (chunks[i].via.bin.size != want) {
+                dp_fail(o->err, DP_BAD_REQUEST,
+                        "chunks[%u] is %u bytes; the KV layout registered for model_name "
+                        "'%.256s' with world_size %u makes objects of %llu bytes",
+                        i, chunks[i].via.bin.size, model, ws, (unsigned long long)want);
+                goto out;
+            }
+    }
     uint64_t t0 = clock_mono_ns();
-    struct engine_source src = {bin_size, bin_fill, (void *)chunks};
+    struct engine_source src = {bin_size, bin_fill, (void *)chunks, false, 0};
+    if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, model, ws, rank, &src, o->now, &res, o->err->message,
                            sizeof(o->err->message));
     dp_put_int(o->r, "stored_chunks", res.stored);
     dp_put_int(o->r, "skipped_chunks", res.skipped);
+    dp_put_int(o->r, "pending_chunks", res.pending);
+    if (src.wait_l2_ns) dp_put_int(o->r, "l2_stored_chunks", res.l2_stored);
     observe_throughput(o->e, 1, model, res.bytes, t0);
     if (erc != ENGINE_OK) {
         engine_fail(o, erc);
@@ -742,8 +780,9 @@ static int op_ping(struct op_ctx *o) {
     int64_t id = -1;
     if (dp_int(o->m, "instance_id", 0, 0, INT64_MAX, &id, o->err) < 0) return -1;
     if (id >= 0) {
-        engine_context_ping(o->e, id, o->peer ? owner_of(o) : NULL, o->now);
+        int known = engine_context_ping(o->e, id, o->peer ? owner_of(o) : NULL, o->now) == 0;
         dp_put_int(o->r, "instance_id", id);
+        dp_put_bool(o->r, "registered", known);
     }
     dp_put_double(o->r, "server_time", clock_wall());
     return 0;

@@ -44,6 +44,11 @@ struct l2ctl_config {
     size_t store_queue_max; /* objects waiting for write-through; 0 = 65536. Beyond it
                                l2ctl_store drops (and counts) the excess */
     size_t store_batch;     /* objects per adapter store task; 0 = 32 */
+    /* Optional: told, on the controller thread and without a lock held, when the write-through
+     * of an accepted object ends: ok when every adapter stored it, else 0 (an adapter failed,
+     * or it left L1 before its turn). It must be quick and must not call l2ctl_*. */
+    void (*store_done)(void *arg, const struct l1_key *key, int ok);
+    void *store_done_arg;
 };
 
 /* The result of one prefetch request. */

@@ -76,6 +76,7 @@ void ctl_store_start(struct l2ctl *c) {
         struct l1_ref ref;
         if (l1_reserve_read(c->cfg.l1, &it.l1key, 1, now, &ref) != L1_OK) {
             dropped++; /* evicted or deleted before its turn */
+            if (c->cfg.store_done) c->cfg.store_done(c->cfg.store_done_arg, &it.l1key, 0);
             continue;
         }
         b->keys[b->n] = it.key;
@@ -108,7 +109,10 @@ void ctl_store_start(struct l2ctl *c) {
     if (b->pending) return;
     /* no adapter accepted the batch */
     c->store_batches--;
-    for (size_t i = 0; i < b->n; i++) l1_finish_read(c->cfg.l1, &b->l1keys[i], 1, now);
+    for (size_t i = 0; i < b->n; i++) {
+        l1_finish_read(c->cfg.l1, &b->l1keys[i], 1, now);
+        if (c->cfg.store_done) c->cfg.store_done(c->cfg.store_done_arg, &b->l1keys[i], 0);
+    }
     ADD(s_obj_failed, b->n);
     store_batch_free(b);
 }
@@ -136,6 +140,7 @@ void ctl_store_done(struct l2ctl *c, struct store_batch *b, struct l2_task *t) {
         if (all && c->cfg.store_policy == L2CTL_STORE_SKIP_L1 &&
             l1_delete(c->cfg.l1, &b->l1keys[i], false, now) == L1_OK)
             ADD(s_skip_l1, 1);
+        if (c->cfg.store_done) c->cfg.store_done(c->cfg.store_done_arg, &b->l1keys[i], all);
     }
     ADD(s_req_done, 1);
     ADD(s_obj_done, ok_all);
