@@ -103,10 +103,11 @@ def test_forced_clear_keeps_locked_objects_until_released(make_server):
         assert c.call("clear")["cleared"] == 2
         l1 = s.get("/status").json()["storage_manager"]["l1"]
         assert l1["objects"] == 0 and l1["doomed_objects"] == 2 and l1["bytes_used"] > 0
-        # Gone for everyone else; a store of the same chunks waits for the holder.
+        # Gone for everyone else; a store of the same chunks cannot take the key while the
+        # holder reads: it waits (bounded) and says the chunks are not stored.
         assert c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == []
         r = c.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"x" * 5000] * 2)
-        assert r["skipped_chunks"] == 2
+        assert r["pending_chunks"] == 2 and r["stored_chunks"] == 0 and r["skipped_chunks"] == 0
         # The session still reads its own objects, then its release frees them.
         got = c.call("retrieve_bytes", model_name="m", token_ids=toks, request_id="held")
         assert got["chunks"] == chunks
