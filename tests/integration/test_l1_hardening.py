@@ -5,7 +5,7 @@ import os
 import random
 import threading
 
-from dp_util import DPClient
+from dp_util import DPClient, random_prompt
 
 CHUNK = 64  # tokens per chunk (--chunk-size)
 NAMES = 4096  # distinct cache_salts L1 keeps (the default)
@@ -13,8 +13,7 @@ ROUNDS = int(os.environ.get("LMCACHE_CLEAR_ROUNDS", "600"))
 
 
 def prompt(seed, chunks=1):
-    rnd = random.Random(seed)
-    return [rnd.randrange(1 << 31) for _ in range(chunks * CHUNK)]
+    return random_prompt(seed, chunks, CHUNK)
 
 
 def blob(i, size):
@@ -106,7 +105,8 @@ def test_forced_clear_keeps_locked_objects_until_released(make_server):
         # Gone for everyone else; a store of the same chunks waits for the holder.
         assert c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == []
         r = c.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"x" * 5000] * 2)
-        assert r["skipped_chunks"] == 2
+        # the holder keeps them past the store's wait: neither written nor resident (pending)
+        assert (r["stored_chunks"], r["skipped_chunks"], r["pending_chunks"]) == (0, 0, 2), r
         # The session still reads its own objects, then its release frees them.
         got = c.call("retrieve_bytes", model_name="m", token_ids=toks, request_id="held")
         assert got["chunks"] == chunks
