@@ -50,7 +50,7 @@ static uint64_t evict_batch(struct l1 *l1, int list_id, uint64_t now, uint64_t m
         if (e && list_id == LIST_STAGING) {
             if (e->state == ST_STAGING && e->deadline <= now) {
                 got += rounded(l1, e->size);
-                l1_do_remove(l1, s, e, h);
+                do_l1_remove(l1, s, e, h);
                 freed++;
                 cnt_add(&l1->reclaimed, 1);
             } else if (e->state == ST_STAGING) {
@@ -60,12 +60,12 @@ static uint64_t evict_batch(struct l1 *l1, int list_id, uint64_t now, uint64_t m
             if (!is_locked(e, now)) {
                 uint16_t salt = e->key.salt_id;
                 got += rounded(l1, e->size);
-                l1_do_remove(l1, s, e, h);
+                do_l1_remove(l1, s, e, h);
                 freed++;
                 cnt_add(&l1->evicted_chunks, 1);
                 cnt_add(&l1->salts[salt].evicted_chunks, 1);
             } else {
-                l1_do_touch(l1, e, now, true); /* in use: out of the evictor's way */
+                do_l1_touch(l1, e, now, true); /* in use: out of the evictor's way */
             }
         }
         pthread_mutex_unlock(&s->mu);
@@ -176,7 +176,7 @@ static uint64_t reclaim_doomed(struct l1 *l1, uint64_t now) {
             struct l1_entry *e = do_find(l1, s, &keys[i], h);
             if (e && e->state == ST_DOOMED) {
                 if (!is_locked(e, now)) {
-                    l1_do_remove(l1, s, e, h);
+                    do_l1_remove(l1, s, e, h);
                     freed++;
                 } else {
                     pthread_mutex_lock(&l1->lru_mu);

@@ -238,15 +238,15 @@ static inline struct l1_entry *lock_find(struct l1 *l1, const struct l1_key *key
 /* names.c */
 bool l1_key_ok(struct l1 *l1, const struct l1_key *k);
 /* Caller holds the LRU lock. Whether the key's names are still the ones it was made with. */
-bool l1_do_names_current(struct l1 *l1, const struct l1_key *k);
+bool do_l1_names_current(struct l1 *l1, const struct l1_key *k);
 /* Copies the name of a salt id into buf ("" and false for a free id). Takes the LRU lock. */
 bool l1_salt_name_copy(struct l1 *l1, uint32_t id, char buf[KEYS_SALT_MAX + 1]);
 
 /* lease.c. Caller holds the entry's stripe lock. */
 /* Unhashes, unlists and frees an entry and its memory. */
-void l1_do_remove(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h);
+void do_l1_remove(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h);
 /* Moves a resident entry to the MRU end unless it moved within touch_interval (or force). */
-void l1_do_touch(struct l1 *l1, struct l1_entry *e, uint64_t now, bool force);
+void do_l1_touch(struct l1 *l1, struct l1_entry *e, uint64_t now, bool force);
 
 /* evict.c */
 /* Allocates, evicting LRU-first when the arena is full. Caller holds no lock. */

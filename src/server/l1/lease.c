@@ -33,7 +33,7 @@ static void do_notify(struct l1 *l1, const struct l1_entry *e, bool present) {
 }
 
 /* Unhashes, unlists and frees an entry and its memory. */
-void l1_do_remove(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h) {
+void do_l1_remove(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h) {
     CHECK_ENTRY(e);
     do_notify(l1, e, false);
     do_unhash(l1, s, e, h);
@@ -90,13 +90,13 @@ static void do_doom(struct l1 *l1, struct l1_entry *e) {
 static void do_remove_forced(struct l1 *l1, struct stripe *s, struct l1_entry *e, uint64_t h,
                              uint64_t now) {
     if (!is_locked(e, now))
-        l1_do_remove(l1, s, e, h);
+        do_l1_remove(l1, s, e, h);
     else if (e->state != ST_DOOMED)
         do_doom(l1, e);
 }
 
 /* Moves a resident entry to the MRU end unless it moved within touch_interval. */
-void l1_do_touch(struct l1 *l1, struct l1_entry *e, uint64_t now, bool force) {
+void do_l1_touch(struct l1 *l1, struct l1_entry *e, uint64_t now, bool force) {
     uint32_t t = (uint32_t)(now >> 20);
     uint32_t iv = (uint32_t)(l1->cfg.touch_interval_ns >> 20);
     if (!force && l1->cfg.touch_interval_ns && (uint32_t)(t - e->touched) < iv) return;
@@ -132,7 +132,7 @@ int l1_reserve_write(struct l1 *l1, const struct l1_key *key, uint64_t size, boo
             pthread_mutex_unlock(&s->mu);
             return L1_ERR_BUSY;
         }
-        l1_do_remove(l1, s, e, h); /* a doomed entry whose lease ran out */
+        do_l1_remove(l1, s, e, h); /* a doomed entry whose lease ran out */
         e = NULL;
     }
     if (e) {
@@ -159,7 +159,7 @@ int l1_reserve_write(struct l1 *l1, const struct l1_key *key, uint64_t size, boo
             pthread_mutex_unlock(&s->mu);
             return L1_OK;
         }
-        l1_do_remove(l1, s, e, h);
+        do_l1_remove(l1, s, e, h);
     }
     pthread_mutex_unlock(&s->mu);
 
@@ -193,7 +193,7 @@ int l1_reserve_write(struct l1 *l1, const struct l1_key *key, uint64_t size, boo
     }
     uint64_t bytes = rounded(l1, size);
     pthread_mutex_lock(&l1->lru_mu);
-    if (!l1_do_names_current(l1, key)) { /* a name was dropped since the key was made */
+    if (!do_l1_names_current(l1, key)) { /* a name was dropped since the key was made */
         pthread_mutex_unlock(&l1->lru_mu);
         pthread_mutex_unlock(&s->mu);
         arena_free(l1->arena, off, size);
@@ -221,7 +221,7 @@ int l1_finish_write(struct l1 *l1, const struct l1_key *key, uint32_t token, uin
     pthread_mutex_lock(&s->mu);
     struct l1_entry *e = do_find(l1, s, key, h);
     if (e && e->state == ST_DOOMED && (e->flags & F_WRITER) && e->token == token) {
-        l1_do_remove(l1, s, e, h); /* cleared while being written: its writer is done with it */
+        do_l1_remove(l1, s, e, h); /* cleared while being written: its writer is done with it */
         e = NULL;
     }
     if (!e || e->state != ST_STAGING || e->token != token) {
@@ -264,7 +264,7 @@ int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token) {
     int rc = L1_ERR_NOT_FOUND;
     if (e && e->token == token &&
         (e->state == ST_STAGING || (e->state == ST_DOOMED && (e->flags & F_WRITER)))) {
-        l1_do_remove(l1, s, e, h);
+        do_l1_remove(l1, s, e, h);
         rc = L1_OK;
     }
     pthread_mutex_unlock(&s->mu);
@@ -369,20 +369,20 @@ int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t
         rc = L1_OK;
         uint32_t r = e->deadline > now ? e->readers : 0;
         e->readers = r > n ? r - n : 0;
-        if (e->readers == 0) l1_do_remove(l1, s, e, h); /* the last user of a cleared object */
+        if (e->readers == 0) do_l1_remove(l1, s, e, h); /* the last user of a cleared object */
     } else if (e && e->state == ST_RESIDENT) {
         rc = L1_OK;
         uint32_t r = e->deadline > now ? e->readers : 0;
         e->readers = r > n ? r - n : 0;
         if (e->readers == 0 && (e->flags & F_TEMP)) {
-            l1_do_remove(l1, s, e, h);
+            do_l1_remove(l1, s, e, h);
         } else {
             if (e->readers == 0 && (e->flags & F_LCOUNT)) {
                 pthread_mutex_lock(&l1->lru_mu);
                 do_uncount_lock(l1, e);
                 pthread_mutex_unlock(&l1->lru_mu);
             }
-            l1_do_touch(l1, e, now, false);
+            do_l1_touch(l1, e, now, false);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -412,7 +412,7 @@ int l1_touch(struct l1 *l1, const struct l1_key *key, uint64_t now) {
     struct l1_entry *e = lock_find(l1, key, &s, &h);
     int rc = L1_ERR_NOT_FOUND;
     if (e && e->state == ST_RESIDENT) {
-        l1_do_touch(l1, e, now, false);
+        do_l1_touch(l1, e, now, false);
         rc = L1_OK;
     }
     pthread_mutex_unlock(&s->mu);
@@ -430,7 +430,7 @@ size_t l1_clear(struct l1 *l1, bool force, uint64_t now) {
                 next = n->next;
                 struct l1_entry *e = ENTRY_OF(n);
                 if (e->state == ST_DOOMED) {
-                    if (!is_locked(e, now)) l1_do_remove(l1, s, e, key_hash(&e->key));
+                    if (!is_locked(e, now)) do_l1_remove(l1, s, e, key_hash(&e->key));
                 } else if (force || !is_locked(e, now)) {
                     do_remove_forced(l1, s, e, key_hash(&e->key), now);
                     freed++;

@@ -89,7 +89,7 @@ bool l1_key_ok(struct l1 *l1, const struct l1_key *k) {
 }
 
 /* Caller holds the LRU lock. Whether the key's names are still the ones it was made with. */
-bool l1_do_names_current(struct l1 *l1, const struct l1_key *k) {
+bool do_l1_names_current(struct l1 *l1, const struct l1_key *k) {
     return keys_intern_str(l1->salts_names, k->salt_id) &&
            (uint16_t)keys_intern_gen(l1->salts_names, k->salt_id) == k->salt_gen &&
            keys_intern_str(l1->models, k->model_id) &&

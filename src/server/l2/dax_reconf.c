@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/errbuf.h"
 #include "base/jfield.h"
 #include "server/l2/dax_internal.h"
 
@@ -427,7 +428,8 @@ static json_t *op_resize(struct dax *d, const struct req *r, int *http) {
                  MAP_FAILED)
             why = "mmap";
         if (why) {
-            snprintf(err, sizeof(err), "%s of %s failed: %s", why, r->device_path, strerror(errno));
+            errbuf_set(err, sizeof(err), "%s of %s failed: %s", why, r->device_path,
+                       strerror(errno));
             if (!devdax && strcmp(why, "mmap") == 0 && ftruncate(fd, (off_t)old_size) != 0)
                 why = "restore";
             if (dupfd >= 0) close(dupfd);
