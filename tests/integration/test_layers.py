@@ -138,3 +138,16 @@ def test_prompt_keys_are_made_in_one_place():
             if re.search(r"\bl1_key_(make|lookup)\(|\bmake_key2?\(", line):
                 calls.append(f"{p.relative_to(ROOT)}:{n}")
     assert len(calls) == 2 and all(c.startswith("src/server/engine.c:") for c in calls), calls
+
+
+def test_architecture_layout_places_every_source_file():
+    """docs/architecture.md's layout names every file under src/ (by file name or stem, or as
+    name.[ch]), so a reader finds where a behaviour lives from that one section."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    layout = doc[doc.index("## Layout"):doc.index("## Data flow")]
+    words = set()
+    for w in re.findall(r"[A-Za-z0-9_.\[\]]+", layout):
+        words.update((w, w.split(".")[0]))
+    missing = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "src").rglob("*"))
+               if p.is_file() and p.name.split(".")[0] not in words]
+    assert missing == []
