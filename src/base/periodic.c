@@ -104,15 +104,15 @@ static void *job_main(void *p) {
 }
 
 int periodic_start(struct periodic_registry *r, const char *name, enum periodic_level level,
-                   double interval_s, periodic_fn fn, void *arg, char *errbuf, size_t errlen) {
+                   double interval_s, periodic_fn fn, void *arg, char *err, size_t errlen) {
     if (!name || !*name || strlen(name) >= sizeof(((struct job *)0)->name) || !fn ||
         interval_s <= 0 || (int)level < 0 || level >= PERIODIC_NLEVELS) {
-        errbuf_set(errbuf, errlen, "invalid periodic thread parameters");
+        errbuf_set(err, errlen, "invalid periodic thread parameters");
         return -1;
     }
     struct job *j = calloc(1, sizeof(*j));
     if (!j) {
-        errbuf_set(errbuf, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     snprintf(j->name, sizeof(j->name), "%s", name);
@@ -126,14 +126,14 @@ int periodic_start(struct periodic_registry *r, const char *name, enum periodic_
         if (strcmp(o->name, name) == 0) {
             pthread_mutex_unlock(&r->lock);
             free(j);
-            errbuf_set(errbuf, errlen, "periodic thread %s already registered", name);
+            errbuf_set(err, errlen, "periodic thread %s already registered", name);
             return -1;
         }
     }
     if (r->stopping) {
         pthread_mutex_unlock(&r->lock);
         free(j);
-        errbuf_set(errbuf, errlen, "registry is stopping");
+        errbuf_set(err, errlen, "registry is stopping");
         return -1;
     }
     j->running = 1;
@@ -142,7 +142,7 @@ int periodic_start(struct periodic_registry *r, const char *name, enum periodic_
     if (e != 0) {
         pthread_mutex_unlock(&r->lock);
         free(j);
-        errbuf_set(errbuf, errlen, "pthread_create: %s", strerror(e));
+        errbuf_set(err, errlen, "pthread_create: %s", strerror(e));
         return -1;
     }
     j->started = 1;

@@ -25,9 +25,9 @@ struct periodic_registry *periodic_registry_new(void);
 void periodic_registry_free(struct periodic_registry *r);
 
 /* Starts a job named `name` (unique) that calls fn every interval_s seconds, the
- * first time at once. Returns 0, or -1 with errbuf filled. */
+ * first time at once. Returns 0, or -1 with err filled. */
 int periodic_start(struct periodic_registry *r, const char *name, enum periodic_level level,
-                   double interval_s, periodic_fn fn, void *arg, char *errbuf, size_t errlen);
+                   double interval_s, periodic_fn fn, void *arg, char *err, size_t errlen);
 
 /* Signals every job to stop and joins them. Idempotent. */
 void periodic_stop_all(struct periodic_registry *r);

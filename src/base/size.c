@@ -19,22 +19,22 @@ static const struct {
     {"mib", 20}, {"g", 30}, {"gib", 30}, {"t", 40},   {"tib", 40},
 };
 
-int size_parse(const char *s, uint64_t *out, char *errbuf, size_t errlen) {
+int size_parse(const char *s, uint64_t *out, char *err, size_t errlen) {
     if (!s) {
-        errbuf_set(errbuf, errlen, "size is missing");
+        errbuf_set(err, errlen, "size is missing");
         return -1;
     }
     while (isspace((unsigned char)*s)) s++;
     const char *p = s;
     while (isdigit((unsigned char)*p) || *p == '.') p++;
     if (p == s) {
-        errbuf_set(errbuf, errlen, "invalid size '%s'", s);
+        errbuf_set(err, errlen, "invalid size '%s'", s);
         return -1;
     }
     char num[64];
     size_t nlen = (size_t)(p - s);
     if (nlen >= sizeof(num)) {
-        errbuf_set(errbuf, errlen, "invalid size '%s'", s);
+        errbuf_set(err, errlen, "invalid size '%s'", s);
         return -1;
     }
     memcpy(num, s, nlen);
@@ -44,7 +44,7 @@ int size_parse(const char *s, uint64_t *out, char *errbuf, size_t errlen) {
     while (isspace((unsigned char)*p)) p++;
     while (*p && !isspace((unsigned char)*p)) {
         if (ulen + 1 >= sizeof(unit)) {
-            errbuf_set(errbuf, errlen, "invalid size unit in '%s'", s);
+            errbuf_set(err, errlen, "invalid size unit in '%s'", s);
             return -1;
         }
         unit[ulen++] = *p++;
@@ -52,14 +52,14 @@ int size_parse(const char *s, uint64_t *out, char *errbuf, size_t errlen) {
     unit[ulen] = 0;
     while (isspace((unsigned char)*p)) p++;
     if (*p) {
-        errbuf_set(errbuf, errlen, "invalid size '%s'", s);
+        errbuf_set(err, errlen, "invalid size '%s'", s);
         return -1;
     }
     int shift = -1;
     for (size_t i = 0; i < sizeof(UNITS) / sizeof(UNITS[0]); i++)
         if (strcasecmp(unit, UNITS[i].suffix) == 0) shift = UNITS[i].shift;
     if (shift < 0) {
-        errbuf_set(errbuf, errlen, "unknown size unit '%s' (use b, kib, mib, gib, tib)", unit);
+        errbuf_set(err, errlen, "unknown size unit '%s' (use b, kib, mib, gib, tib)", unit);
         return -1;
     }
     uint64_t v;
@@ -69,7 +69,7 @@ int size_parse(const char *s, uint64_t *out, char *errbuf, size_t errlen) {
         double d = strtod(num, &end);
         double scaled = ldexp(d, shift);
         if (*end || errno || !isfinite(scaled) || scaled >= 18446744073709551615.0) {
-            errbuf_set(errbuf, errlen, "invalid size '%s'", s);
+            errbuf_set(err, errlen, "invalid size '%s'", s);
             return -1;
         }
         v = (uint64_t)scaled;
@@ -78,13 +78,13 @@ int size_parse(const char *s, uint64_t *out, char *errbuf, size_t errlen) {
         errno = 0;
         unsigned long long n = strtoull(num, &end, 10);
         if (*end || errno || (shift && n > (UINT64_MAX >> shift))) {
-            errbuf_set(errbuf, errlen, "size '%s' is out of range", s);
+            errbuf_set(err, errlen, "size '%s' is out of range", s);
             return -1;
         }
         v = (uint64_t)n << shift;
     }
     if (v == 0) {
-        errbuf_set(errbuf, errlen, "size must be positive");
+        errbuf_set(err, errlen, "size must be positive");
         return -1;
     }
     *out = v;

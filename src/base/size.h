@@ -7,8 +7,8 @@
 
 /* Parses an integer byte count or a number with a unit suffix (b, k/kib, m/mib,
  * g/gib, t/tib; case-insensitive; base 1024; a fractional number is allowed with
- * a unit, e.g. "1.5GiB"). Returns 0 and *out, or -1 with errbuf filled (also
+ * a unit, e.g. "1.5GiB"). Returns 0 and *out, or -1 with err filled (also
  * for zero, negative, or overflowing values). */
-int size_parse(const char *s, uint64_t *out, char *errbuf, size_t errlen);
+int size_parse(const char *s, uint64_t *out, char *err, size_t errlen);
 
 #endif

@@ -72,17 +72,46 @@ static void read_comm(pid_t tid, char *name, size_t len) {
     }
 }
 
-/* 1 when the thread has the sampling signal blocked (e.g. library I/O threads). */
-static int blocks_signal(pid_t tid) {
+/* Reads the thread's scheduler state letter and whether its mask blocks the sampling signal.
+ * -1 when the thread is gone. */
+static int read_status(pid_t tid, char *state, int *blocked) {
     char path[64], line[256];
     snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int)tid);
     FILE *fp = fopen(path, "r");
-    if (!fp) return 1;
+    if (!fp) return -1;
     unsigned long long mask = 0;
-    while (fgets(line, sizeof(line), fp))
+    *state = '?';
+    while (fgets(line, sizeof(line), fp)) {
         if (strncmp(line, "SigBlk:", 7) == 0) mask = strtoull(line + 7, NULL, 16);
+        if (strncmp(line, "State:", 6) == 0) {
+            const char *c = line + 6;
+            while (*c == ' ' || *c == '\t') c++;
+            *state = *c;
+        }
+    }
     fclose(fp);
-    return (mask >> (SAMPLE_SIGNAL - 1)) & 1ULL;
+    *blocked = (int)((mask >> (SAMPLE_SIGNAL - 1)) & 1ULL);
+    return 0;
+}
+
+/* 1 when the thread blocks the sampling signal for good (library I/O threads block every
+ * signal). Threads also block it for moments: while the handler of the previous sample still
+ * runs (the kernel blocks a signal during its own handler, and the handler's sem_post wakes the
+ * requester before it returns), and inside pthread_create, fork or posix_spawn (glibc and the
+ * sanitizers block every signal while a thread or child starts). A thread in such a moment is
+ * running or runnable (or in uninterruptible sleep), so while it is, look again for up to
+ * TRANSIENT_BLOCK_MS; a thread asleep with the signal blocked is reported at once. */
+#define TRANSIENT_BLOCK_MS 1000
+static int blocks_signal(pid_t tid) {
+    for (int waited_ms = 0;; waited_ms++) {
+        char state;
+        int blocked;
+        if (read_status(tid, &state, &blocked) < 0) return 1;
+        if (!blocked) return 0;
+        if ((state != 'R' && state != 'D') || waited_ms >= TRANSIENT_BLOCK_MS) return 1;
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+    }
 }
 
 static int cmp_pid(const void *a, const void *b) {

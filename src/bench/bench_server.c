@@ -28,6 +28,7 @@
 #include <zmq.h>
 
 #include "base/clock.h"
+#include "base/errbuf.h"
 #include "bench/bench.h"
 #include "lmcache/client.h"
 
@@ -251,7 +252,7 @@ static int http_post(const char *host, int port, const char *path, const char *j
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     int g = getaddrinfo(host, portstr, &hints, &ai);
     if (g != 0) {
-        snprintf(err, errlen, "%s: %s", host, gai_strerror(g));
+        errbuf_set(err, errlen, "%s: %s", host, gai_strerror(g));
         return -1;
     }
     int fd = -1;
@@ -264,7 +265,7 @@ static int http_post(const char *host, int port, const char *path, const char *j
     }
     freeaddrinfo(ai);
     if (fd < 0) {
-        snprintf(err, errlen, "connect %s:%d: %s", host, port, strerror(errno));
+        errbuf_set(err, errlen, "connect %s:%d: %s", host, port, strerror(errno));
         return -1;
     }
     struct timeval tv = {.tv_sec = 30};
@@ -279,7 +280,7 @@ static int http_post(const char *host, int port, const char *path, const char *j
     size_t cap = 65536, len = 0;
     char *buf = NULL;
     if (hl < 0 || (size_t)hl >= sizeof(hdr)) {
-        snprintf(err, errlen, "request header too long");
+        errbuf_set(err, errlen, "request header too long");
         goto out;
     }
     const char *parts[2] = {hdr, json};
@@ -289,7 +290,7 @@ static int http_post(const char *host, int port, const char *path, const char *j
             ssize_t n = send(fd, parts[i] + off, lens[i] - off, MSG_NOSIGNAL);
             if (n < 0 && errno == EINTR) continue;
             if (n <= 0) {
-                snprintf(err, errlen, "send: %s", strerror(errno));
+                errbuf_set(err, errlen, "send: %s", strerror(errno));
                 goto out;
             }
             off += (size_t)n;
@@ -306,7 +307,7 @@ static int http_post(const char *host, int port, const char *path, const char *j
         ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) {
-            snprintf(err, errlen, "recv: %s", strerror(errno));
+            errbuf_set(err, errlen, "recv: %s", strerror(errno));
             goto out;
         }
         if (n == 0) break;
@@ -316,12 +317,12 @@ static int http_post(const char *host, int port, const char *path, const char *j
     int status = 0;
     char *sep = strstr(buf, "\r\n\r\n");
     if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || !sep) {
-        snprintf(err, errlen, "malformed HTTP response");
+        errbuf_set(err, errlen, "malformed HTTP response");
         goto out;
     }
     if (strstr(buf, "Transfer-Encoding: chunked") &&
         strstr(buf, "Transfer-Encoding: chunked") < sep) {
-        snprintf(err, errlen, "chunked HTTP responses are not supported");
+        errbuf_set(err, errlen, "chunked HTTP responses are not supported");
         goto out;
     }
     *body = strdup(sep + 4);
@@ -329,7 +330,7 @@ static int http_post(const char *host, int port, const char *path, const char *j
     rc = status;
     goto out;
 nomem:
-    snprintf(err, errlen, "out of memory");
+    errbuf_set(err, errlen, "out of memory");
 out:
     free(buf);
     close(fd);
@@ -352,14 +353,14 @@ static int server_checksums(const struct opts *o, const struct shape *sh, int64_
         http_post(o->http_host, o->http_port, "/cache/checksums", payload, &body, err, errlen);
     if (status < 0) goto out;
     if (status != 200) {
-        snprintf(err, errlen, "HTTP %d: %.200s", status, body ? body : "");
+        errbuf_set(err, errlen, "HTTP %d: %.200s", status, body ? body : "");
         goto out;
     }
     json_error_t je;
     json_t *r = json_loads(body, 0, &je);
     json_t *sums = r ? json_object_get(r, "chunk_checksums") : NULL;
     if (!json_is_array(sums) || json_array_size(sums) != sh->nchunks) {
-        snprintf(err, errlen, "unexpected /cache/checksums reply: %.200s", body);
+        errbuf_set(err, errlen, "unexpected /cache/checksums reply: %.200s", body);
         json_decref(r);
         goto out;
     }
@@ -370,7 +371,7 @@ static int server_checksums(const struct opts *o, const struct shape *sh, int64_
     json_decref(r);
     rc = 0;
 out:
-    if (rc && err[0] == '\0') snprintf(err, errlen, "out of memory");
+    if (rc && err[0] == '\0') errbuf_set(err, errlen, "out of memory");
     json_decref(ids);
     json_decref(req);
     free(payload);

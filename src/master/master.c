@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/periodic.h"
@@ -171,7 +172,7 @@ int master_main(int argc, char **argv) {
     } else {
         struct mstore_mem_cfg scfg = {.shards = (uint32_t)m.cfg.index_shards};
         m.store = mstore_mem_create(&scfg);
-        if (!m.store) snprintf(err, sizeof(err), "out of memory");
+        if (!m.store) errbuf_set(err, sizeof(err), "out of memory");
     }
     if (!m.store) {
         fprintf(stderr, "umbp_master: cannot create the metadata store: %s\n", err);

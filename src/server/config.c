@@ -46,9 +46,9 @@ static int in_choices(const char *choices, const char *v) {
     return 0;
 }
 
-/* Sets one option from its string value; -1 with errbuf on a bad value. */
+/* Sets one option from its string value; -1 with err on a bad value. */
 static int set_value(struct server_config *cfg, const struct option_def *d, const char *v,
-                     char *errbuf, size_t errlen) {
+                     char *err, size_t errlen) {
     void *p = slot(cfg, d);
     char *end;
     switch (d->type) {
@@ -58,8 +58,8 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         return *(char **)p ? 0 : -1;
     case OPT_ENUM:
         if (!in_choices(d->choices, v)) {
-            errbuf_set(errbuf, errlen, "argument --%s: invalid choice: '%s' (choose from %s)",
-                       d->flag, v, d->choices);
+            errbuf_set(err, errlen, "argument --%s: invalid choice: '%s' (choose from %s)", d->flag,
+                       v, d->choices);
             return -1;
         }
         free(*(char **)p);
@@ -69,12 +69,12 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         errno = 0;
         long n = strtol(v, &end, 10);
         if (!*v || *end || errno) {
-            errbuf_set(errbuf, errlen, "argument --%s: invalid int value: '%s'", d->flag, v);
+            errbuf_set(err, errlen, "argument --%s: invalid int value: '%s'", d->flag, v);
             return -1;
         }
         if (d->min <= d->max && (n < d->min || n > d->max)) {
-            errbuf_set(errbuf, errlen, "argument --%s: %ld is out of range [%.0f, %.0f]", d->flag,
-                       n, d->min, d->max);
+            errbuf_set(err, errlen, "argument --%s: %ld is out of range [%.0f, %.0f]", d->flag, n,
+                       d->min, d->max);
             return -1;
         }
         *(long *)p = n;
@@ -84,11 +84,11 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         errno = 0;
         double x = strtod(v, &end);
         if (!*v || *end || errno || !isfinite(x)) {
-            errbuf_set(errbuf, errlen, "argument --%s: invalid float value: '%s'", d->flag, v);
+            errbuf_set(err, errlen, "argument --%s: invalid float value: '%s'", d->flag, v);
             return -1;
         }
         if (d->min <= d->max && (x < d->min || x > d->max)) {
-            errbuf_set(errbuf, errlen, "argument --%s: %g is out of range [%g, %g]", d->flag, x,
+            errbuf_set(err, errlen, "argument --%s: %g is out of range [%g, %g]", d->flag, x,
                        d->min, d->max);
             return -1;
         }
@@ -101,7 +101,7 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
         else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)
             *(int *)p = 0;
         else {
-            errbuf_set(errbuf, errlen, "argument --%s: invalid bool value: '%s'", d->flag, v);
+            errbuf_set(err, errlen, "argument --%s: invalid bool value: '%s'", d->flag, v);
             return -1;
         }
         return 0;
@@ -117,9 +117,9 @@ static int set_value(struct server_config *cfg, const struct option_def *d, cons
             char *near = strstr(je.text, " near ");
             if (near) *near = '\0';
             if (o)
-                errbuf_set(errbuf, errlen, "argument --%s: not a JSON object", d->flag);
+                errbuf_set(err, errlen, "argument --%s: not a JSON object", d->flag);
             else
-                errbuf_set(errbuf, errlen, "argument --%s: malformed JSON: %s (line %d, column %d)",
+                errbuf_set(err, errlen, "argument --%s: malformed JSON: %s (line %d, column %d)",
                            d->flag, je.text, je.line, je.column);
             json_decref(o);
             return -1;
@@ -140,7 +140,7 @@ static const struct option_def *find_flag(const char *flag, size_t len) {
 }
 
 /* L2 adapter specs are checked for shape now; each adapter validates its own fields. */
-static int validate_l2(const json_t *list, char *errbuf, size_t errlen) {
+static int validate_l2(const json_t *list, char *err, size_t errlen) {
     static const char *const TYPES[] = {"fs", "s3", "dax"};
     size_t i;
     json_t *a;
@@ -150,7 +150,7 @@ static int validate_l2(const json_t *list, char *errbuf, size_t errlen) {
         for (size_t k = 0; t && k < sizeof(TYPES) / sizeof(TYPES[0]); k++)
             ok |= !strcmp(t, TYPES[k]);
         if (!ok) {
-            errbuf_set(errbuf, errlen,
+            errbuf_set(err, errlen,
                        "argument --l2-adapter: adapter %zu: \"type\" must be one of fs, s3, dax",
                        i);
             return -1;
@@ -159,12 +159,12 @@ static int validate_l2(const json_t *list, char *errbuf, size_t errlen) {
     return 0;
 }
 
-int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf, size_t errlen) {
+int config_parse(struct server_config *cfg, int argc, char **argv, char *err, size_t errlen) {
     memset(cfg, 0, sizeof(*cfg));
     int seen[64] = {0};
     for (size_t i = 0; i < SERVER_NOPTIONS; i++) {
         const struct option_def *d = &SERVER_OPTION_DEFS[i];
-        if (d->def && set_value(cfg, d, d->def, errbuf, errlen) < 0) return -1;
+        if (d->def && set_value(cfg, d, d->def, err, errlen) < 0) return -1;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -177,19 +177,19 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf,
             return 1;
         }
         if (strncmp(a, "--", 2) != 0) {
-            errbuf_set(errbuf, errlen, "unrecognized arguments: %s", a);
+            errbuf_set(err, errlen, "unrecognized arguments: %s", a);
             return -1;
         }
         const char *name = a + 2, *eq = strchr(name, '=');
         size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
         const struct option_def *d = find_flag(name, nlen);
         if (!d) {
-            errbuf_set(errbuf, errlen, "unrecognized arguments: %s", a);
+            errbuf_set(err, errlen, "unrecognized arguments: %s", a);
             return -1;
         }
         seen[d - SERVER_OPTION_DEFS] = 1;
         if (d->type == OPT_BOOL) {
-            if (set_value(cfg, d, eq ? eq + 1 : "true", errbuf, errlen) < 0) return -1;
+            if (set_value(cfg, d, eq ? eq + 1 : "true", err, errlen) < 0) return -1;
             continue;
         }
         if (d->type == OPT_STRLIST) {
@@ -198,22 +198,22 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf,
             if (eq) {
                 char *copy = strdup(eq + 1), *save = NULL;
                 for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save))
-                    set_value(cfg, d, t, errbuf, errlen);
+                    set_value(cfg, d, t, err, errlen);
                 free(copy);
             }
             while (!eq && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
-                set_value(cfg, d, argv[++i], errbuf, errlen);
+                set_value(cfg, d, argv[++i], err, errlen);
             continue;
         }
         const char *v = eq ? eq + 1 : NULL;
         if (!v) {
             if (i + 1 >= argc) {
-                errbuf_set(errbuf, errlen, "argument --%s: expected one argument", d->flag);
+                errbuf_set(err, errlen, "argument --%s: expected one argument", d->flag);
                 return -1;
             }
             v = argv[++i];
         }
-        if (set_value(cfg, d, v, errbuf, errlen) < 0) return -1;
+        if (set_value(cfg, d, v, err, errlen) < 0) return -1;
     }
     char missing[256] = "";
     for (size_t i = 0; i < SERVER_NOPTIONS; i++) {
@@ -224,10 +224,10 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf,
         }
     }
     if (*missing) {
-        errbuf_set(errbuf, errlen, "the following arguments are required: %s", missing);
+        errbuf_set(err, errlen, "the following arguments are required: %s", missing);
         return -1;
     }
-    if (cfg->l2_adapter && validate_l2(cfg->l2_adapter, errbuf, errlen) < 0) return -1;
+    if (cfg->l2_adapter && validate_l2(cfg->l2_adapter, err, errlen) < 0) return -1;
     if (!cfg->script_allowed_imports) cfg->script_allowed_imports = json_array();
     if (!cfg->l2_adapter) cfg->l2_adapter = json_array();
     return 0;

@@ -202,8 +202,8 @@ extern const struct option_def SERVER_OPTION_DEFS[];
 extern const size_t SERVER_NOPTIONS;
 
 /* Parses argv (argv[0] is the subcommand name). Returns 0 on success, 1 when
- * --help was printed, -1 with a one-line message in errbuf (naming the option). */
-int config_parse(struct server_config *cfg, int argc, char **argv, char *errbuf, size_t errlen);
+ * --help was printed, -1 with a one-line message in err (naming the option). */
+int config_parse(struct server_config *cfg, int argc, char **argv, char *err, size_t errlen);
 void config_free(struct server_config *cfg);
 /* {"mp": {...}, "storage_manager": {...}, "observability": {...}} from the parsed values. */
 json_t *config_to_json(const struct server_config *cfg);

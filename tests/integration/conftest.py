@@ -1,21 +1,16 @@
 """Fixtures that start the real `lmcache server` binary on free loopback ports."""
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 import requests
 
+from netutil import free_port  # noqa: F401  (tests import it from here)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("LMCACHE_BIN", os.path.join(ROOT, "build", "lmcache"))
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

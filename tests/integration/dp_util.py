@@ -2,6 +2,7 @@
 import itertools
 import mmap
 import os
+import random
 import uuid
 
 import msgpack
@@ -9,6 +10,17 @@ import zmq
 
 
 PROOF_PAGE = 4096  # bytes after the layout that carry the proof-of-access nonce
+
+
+def random_prompt(seed, chunks, chunk, bits=31):
+    """chunks * chunk pseudo-random token ids below 2**bits, the same for the same seed."""
+    rnd = random.Random(seed)
+    return [rnd.randrange(1 << bits) for _ in range(chunks * chunk)]
+
+
+def seq_prompt(seed, chunks, chunk):
+    """chunks * chunk token ids counting up from a start derived from seed (all below 50000)."""
+    return [(seed * 7919 + i) % 50000 for i in range(chunks * chunk)]
 
 
 def write_proof(reply, shm_name):

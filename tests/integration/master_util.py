@@ -5,13 +5,14 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import pytest
+
+from netutil import free_port, wait_port  # noqa: F401  (tests import them from here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,25 +30,6 @@ def use_python_package():
     p = os.path.join(build_dir(), "python")
     if p not in sys.path:
         sys.path.insert(0, p)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, proc, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("master exited early with %s" % proc.returncode)
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("master did not listen on %d" % port)
 
 
 class RedisServer:
@@ -170,9 +152,9 @@ class Master:
         self.proc = subprocess.Popen(
             cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        wait_port(self.port, self.proc)
+        wait_port(self.port, self.proc, "master")
         if self.metrics_port:
-            wait_port(self.metrics_port, self.proc)
+            wait_port(self.metrics_port, self.proc, "master")
         self.stdout = ""
         self.stderr = ""
 
@@ -198,3 +180,22 @@ class Master:
     def __exit__(self, *exc):
         self.stop()
         return False
+
+
+@pytest.fixture(scope="module")
+def master(backend):
+    """One master per test module, on the backend the module is parametrized with; it must exit
+    cleanly at the end."""
+    m = Master()
+    yield m
+    assert m.stop() == 0
+
+
+def stub(m):
+    """A raw grpcio stub of master m (for requests the Python client would refuse to send)."""
+    import grpc
+
+    use_python_package()
+    from umbp import pb_grpc
+
+    return pb_grpc.UMBPMasterStub(grpc.insecure_channel(m.addr))

@@ -12,12 +12,12 @@ missing, `run` sets LMCACHE_S3_TEST_SKIP to the reason and runs CMD anyway (the 
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+
+from netutil import free_port, wait_port  # noqa: F401  (soak.py uses them from here)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 AWS = "/usr/bin/aws"
@@ -48,25 +48,6 @@ def ensure_s3rver(cache):
                             f"s3rver@{S3RVER_VERSION}"], check=True, stdout=subprocess.DEVNULL,
                            timeout=600)
     return js
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, proc, what, deadline=60):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {port}")
 
 
 def aws_env():
@@ -104,7 +85,7 @@ class S3Env:
                               stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(s3)
         os.makedirs(os.path.join(self.tmp, "data"), exist_ok=True)
-        wait_port(self.s3_port, s3, "s3rver")
+        wait_port(self.s3_port, s3, "s3rver", timeout=60)
         plog = open(os.path.join(self.tmp, "proxy.log"), "w")
         px = subprocess.Popen(["/usr/bin/python3", os.path.join(HERE, "s3_sigv4_proxy.py"),
                                "--listen", str(self.proxy_port), "--admin",
@@ -112,8 +93,8 @@ class S3Env:
                                "--cred", f"{AKID}:{SECRET}"], stdout=plog,
                               stderr=subprocess.STDOUT)
         self.procs.append(px)
-        wait_port(self.proxy_port, px, "proxy")
-        wait_port(self.admin_port, px, "proxy admin")
+        wait_port(self.proxy_port, px, "proxy", timeout=60)
+        wait_port(self.admin_port, px, "proxy admin", timeout=60)
         aws(self.endpoint, "s3api", "create-bucket", "--bucket", self.bucket)
         return self
 

@@ -3,13 +3,12 @@ POST /cache/checksums, concurrency, a working set larger than L1, quotas on real
 and locks of a vanished client released by lease expiry."""
 import hashlib
 import subprocess
-import random
 import threading
 import time
 
 import pytest
 
-from dp_util import PROOF_PAGE, DPClient, ShmKV
+from dp_util import PROOF_PAGE, DPClient, ShmKV, random_prompt
 
 CHUNK = 64  # tokens per chunk in these tests (--chunk-size)
 
@@ -23,8 +22,7 @@ def dp(make_server):
 
 
 def prompt(seed, chunks):
-    rnd = random.Random(seed)
-    return [rnd.randrange(1 << 31) for _ in range(chunks * CHUNK)]
+    return random_prompt(seed, chunks, CHUNK)
 
 
 def test_store_retrieve_byte_identical_and_status(dp):

@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from conftest import free_port
-from dp_util import PROOF_PAGE, DPClient, ShmKV, register, write_proof
+from dp_util import PROOF_PAGE, DPClient, ShmKV, register, seq_prompt, write_proof
 
 BIN = os.environ.get("LMCACHE_BIN", "build/lmcache")
 BUILD = os.environ.get("LMCACHE_BUILD_DIR", "build")
@@ -60,7 +60,7 @@ def reg(c, name, instance=1, **kw):
 
 
 def prompt(n, seed):
-    return [(seed * 7919 + i) % 50000 for i in range(n * CHUNK)]
+    return seq_prompt(seed, n, CHUNK)
 
 
 def assert_unregistered(c, instance=1):

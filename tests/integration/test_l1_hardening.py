@@ -5,7 +5,7 @@ import os
 import random
 import threading
 
-from dp_util import DPClient
+from dp_util import DPClient, random_prompt
 
 CHUNK = 64  # tokens per chunk (--chunk-size)
 NAMES = 4096  # distinct cache_salts L1 keeps (the default)
@@ -13,8 +13,7 @@ ROUNDS = int(os.environ.get("LMCACHE_CLEAR_ROUNDS", "600"))
 
 
 def prompt(seed, chunks=1):
-    rnd = random.Random(seed)
-    return [rnd.randrange(1 << 31) for _ in range(chunks * CHUNK)]
+    return random_prompt(seed, chunks, CHUNK)
 
 
 def blob(i, size):
@@ -107,7 +106,7 @@ def test_forced_clear_keeps_locked_objects_until_released(make_server):
         # holder reads: it waits (bounded) and says the chunks are not stored.
         assert c.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"] == []
         r = c.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"x" * 5000] * 2)
-        assert r["pending_chunks"] == 2 and r["stored_chunks"] == 0 and r["skipped_chunks"] == 0
+        assert (r["stored_chunks"], r["skipped_chunks"], r["pending_chunks"]) == (0, 0, 2), r
         # The session still reads its own objects, then its release frees them.
         got = c.call("retrieve_bytes", model_name="m", token_ids=toks, request_id="held")
         assert got["chunks"] == chunks

@@ -10,15 +10,13 @@ import time
 import pytest
 import requests
 
-from dp_util import DPClient, ShmKV
+from dp_util import DPClient, ShmKV, random_prompt
 
 CHUNK = 64
 
 
 def prompt(seed, chunks):
-    import random
-    rnd = random.Random(seed)
-    return [rnd.randrange(1 << 31) for _ in range(chunks * CHUNK)]
+    return random_prompt(seed, chunks, CHUNK)
 
 
 def fs_adapter(path, **extra):

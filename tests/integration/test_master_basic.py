@@ -7,23 +7,12 @@ import signal
 import grpc
 import pytest
 
-from master_util import Master, build_dir, use_python_package, backend  # noqa: F401
+from master_util import Master, build_dir, use_python_package, backend, master, stub  # noqa: F401
 
 use_python_package()
 from umbp import UMBPMasterClient, UMBPTierType, pb, pb_grpc  # noqa: E402
 
 GB = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def master(backend):
-    m = Master()
-    yield m
-    assert m.stop() == 0
-
-
-def stub(m):
-    return pb_grpc.UMBPMasterStub(grpc.insecure_channel(m.addr))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

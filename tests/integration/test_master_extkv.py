@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from master_util import ROOT, Master, build_dir, use_python_package, backend  # noqa: F401
+from master_util import ROOT, Master, build_dir, use_python_package, backend, master  # noqa: F401
 
 use_python_package()
 from umbp import (  # noqa: E402
@@ -20,13 +20,6 @@ from umbp import (  # noqa: E402
 )
 
 _1GB = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def master(backend):
-    m = Master()
-    yield m
-    assert m.stop() == 0
 
 
 _seq = [0]

@@ -10,23 +10,12 @@ import time
 import grpc
 import pytest
 
-from master_util import Master, use_python_package, backend  # noqa: F401
+from master_util import Master, use_python_package, backend, master, stub  # noqa: F401
 
 use_python_package()
 from umbp import pb, pb_grpc  # noqa: E402
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-
-
-@pytest.fixture(scope="module")
-def master(backend):
-    m = Master()
-    yield m
-    assert m.stop() == 0
-
-
-def stub(m):
-    return pb_grpc.UMBPMasterStub(grpc.insecure_channel(m.addr))
 
 
 def raw(m, method):

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from conftest import free_port
+from dp_util import seq_prompt
 from py_client_util import BUILD, ROOT  # (puts <build>/python on sys.path)
 import lmcache_client as lc
 from lmcache_client import Client, KVCache, KVLayout, LmcacheError, errors
@@ -22,7 +23,7 @@ LAYOUT = dict(num_layers=2, num_blocks=64, tokens_per_block=16, bytes_per_token=
 
 
 def prompt(chunks, seed):
-    return [(seed * 7919 + i) % 50000 for i in range(chunks * CHUNK)]
+    return seq_prompt(seed, chunks, CHUNK)
 
 
 @pytest.fixture

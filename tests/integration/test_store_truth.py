@@ -2,12 +2,11 @@
 cache, also when another request was writing the same chunks at the same moment, and when that
 other writer failed half-way."""
 import os
-import random
 import threading
 
 import pytest
 
-from dp_util import DPClient, ShmKV
+from dp_util import DPClient, ShmKV, random_prompt
 
 CHUNK = 64  # tokens per chunk (--chunk-size)
 LAYERS, BPT, TPB = 8, 4096, 16  # 2 * 8 * 64 * 4096 = 4 MiB per chunk: a wide write window
@@ -24,8 +23,7 @@ def dp(make_server):
 
 
 def prompt(seed, chunks=NCHUNKS):
-    rnd = random.Random(seed)
-    return [rnd.randrange(1 << 31) for _ in range(chunks * CHUNK)]
+    return random_prompt(seed, chunks, CHUNK)
 
 
 def engine(blocks=NCHUNKS * CHUNK // TPB):

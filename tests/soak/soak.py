@@ -315,7 +315,7 @@ def main():
                 ["node", "--openssl-legacy-provider", js, "-s", "-d", os.path.join(s3.tmp, "data"),
                  "-a", "127.0.0.1", "-p", str(s3.s3_port), "--no-vhost-buckets"],
                 stdout=log3, stderr=subprocess.STDOUT)
-            s3_harness.wait_port(s3.s3_port, s3.procs[0], "s3rver")
+            s3_harness.wait_port(s3.s3_port, s3.procs[0], "s3rver", timeout=60)
 
         for i in range(args.engines):
             threads.append(Engine(i, zmq_port, stop, stats))

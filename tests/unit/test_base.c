@@ -1,16 +1,25 @@
-/* Unit tests for src/base: size strings, loggers, metrics registry and exposition, strbuf. */
+/* Unit tests for src/base: size strings, loggers, metrics registry and exposition, strbuf, stack
+ * dumps. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "base/jfield.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/size.h"
+#include "base/stackdump.h"
 #include "base/strbuf.h"
 
 static void test_size_parse(void **state) {
@@ -156,6 +165,94 @@ static void test_strbuf(void **state) {
     free(p);
 }
 
+/* ---- stack dumps ---------------------------------------------------------------------------- */
+
+#define SAMPLE_SIGNAL (SIGRTMIN + 3) /* stackdump.c's sampling signal */
+
+struct blocker {
+    _Atomic pid_t tid;
+    _Atomic int stop;
+    sem_t wake;
+};
+
+static uint64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void block_sample_signal(int how) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SAMPLE_SIGNAL);
+    pthread_sigmask(how, &set, NULL);
+}
+
+/* Blocks the sampling signal for a moment while it runs, as a thread does inside pthread_create
+ * or at the end of the previous sample's handler, then idles with it unblocked. */
+static void *transient_blocker(void *arg) {
+    struct blocker *b = arg;
+    block_sample_signal(SIG_BLOCK);
+    atomic_store(&b->tid, (pid_t)syscall(SYS_gettid));
+    uint64_t until = mono_ms() + 50;
+    while (mono_ms() < until) {
+    }
+    block_sample_signal(SIG_UNBLOCK);
+    while (!atomic_load(&b->stop)) {
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+    }
+    return NULL;
+}
+
+/* Blocks the sampling signal for good and sleeps, like a library's I/O thread. */
+static void *sleeping_blocker(void *arg) {
+    struct blocker *b = arg;
+    block_sample_signal(SIG_BLOCK);
+    atomic_store(&b->tid, (pid_t)syscall(SYS_gettid));
+    while (sem_wait(&b->wake) != 0) {
+    }
+    return NULL;
+}
+
+static void report_one(struct blocker *b, void *(*fn)(void *), struct strbuf *out) {
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fn, b), 0);
+    while (atomic_load(&b->tid) == 0) sched_yield();
+    assert_int_equal(stackdump_report(out, NULL, atomic_load(&b->tid)), 1);
+    atomic_store(&b->stop, 1);
+    sem_post(&b->wake);
+    pthread_join(th, NULL);
+}
+
+/* A thread caught in a moment when it blocks the sampling signal is waited for, not reported
+ * as unavailable (the main thread of the daemon was, right after answering a sample). */
+static void test_stackdump_waits_out_a_transient_block(void **state) {
+    (void)state;
+    assert_int_equal(stackdump_init(), 0);
+    struct blocker b = {0};
+    sem_init(&b.wake, 0, 0);
+    struct strbuf out = STRBUF_INIT;
+    report_one(&b, transient_blocker, &out);
+    assert_non_null(strstr(out.buf, "#0 "));
+    assert_null(strstr(out.buf, "stack unavailable"));
+    sb_free(&out);
+    sem_destroy(&b.wake);
+}
+
+static void test_stackdump_reports_a_thread_that_blocks_for_good(void **state) {
+    (void)state;
+    assert_int_equal(stackdump_init(), 0);
+    struct blocker b = {0};
+    sem_init(&b.wake, 0, 0);
+    struct strbuf out = STRBUF_INIT;
+    report_one(&b, sleeping_blocker, &out);
+    assert_non_null(strstr(out.buf, "(stack unavailable: the thread blocks the sampling signal)"));
+    assert_null(strstr(out.buf, "#0 "));
+    sb_free(&out);
+    sem_destroy(&b.wake);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_parse),
@@ -164,6 +261,8 @@ int main(void) {
         cmocka_unit_test(test_metrics_exposition),
         cmocka_unit_test(test_metrics_computed_gauge_survives_reset),
         cmocka_unit_test(test_strbuf),
+        cmocka_unit_test(test_stackdump_waits_out_a_transient_block),
+        cmocka_unit_test(test_stackdump_reports_a_thread_that_blocks_for_good),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,19 +43,24 @@ static void test_redact_nested(void **state) {
     json_decref(v);
 }
 
+/* Parses a command line with the given --l2-adapter value; config_parse's result. */
+static int parse_with_adapter(struct server_config *cfg, const char *adapter, char *err,
+                              size_t errlen) {
+    memset(cfg, 0, sizeof(*cfg));
+    char *argv[] = {"server",       "--l1-size-gb", "1", "--eviction-policy", "LRU",
+                    "--l2-adapter", (char *)adapter};
+    return config_parse(cfg, 7, argv, err, errlen);
+}
+
 static void test_config_to_json_redacts(void **state) {
     (void)state;
     struct server_config cfg;
-    memset(&cfg, 0, sizeof(cfg));
     char err[256];
-    char *argv[] = {"server",
-                    "--l1-size-gb",
-                    "1",
-                    "--eviction-policy",
-                    "LRU",
-                    "--l2-adapter",
-                    "{\"type\":\"s3\",\"bucket\":\"b\",\"secret_access_key\":\"TOPSECRET\"}"};
-    assert_int_equal(config_parse(&cfg, 7, argv, err, sizeof(err)), 0);
+    assert_int_equal(parse_with_adapter(&cfg,
+                                        "{\"type\":\"s3\",\"bucket\":\"b\","
+                                        "\"secret_access_key\":\"TOPSECRET\"}",
+                                        err, sizeof(err)),
+                     0);
     json_t *j = config_to_json(&cfg);
     char *s = json_dumps(j, 0);
     assert_null(strstr(s, "TOPSECRET"));
@@ -73,16 +78,11 @@ static void test_config_to_json_redacts(void **state) {
 static void test_bad_json_not_echoed(void **state) {
     (void)state;
     struct server_config cfg;
-    memset(&cfg, 0, sizeof(cfg));
     char err[256];
-    char *argv[] = {"server",
-                    "--l1-size-gb",
-                    "1",
-                    "--eviction-policy",
-                    "LRU",
-                    "--l2-adapter",
-                    "{\"type\":\"s3\",\"secret_access_key\":\"SHORTSECRET"};
-    assert_int_equal(config_parse(&cfg, 7, argv, err, sizeof(err)), -1);
+    assert_int_equal(parse_with_adapter(&cfg,
+                                        "{\"type\":\"s3\",\"secret_access_key\":\"SHORTSECRET", err,
+                                        sizeof(err)),
+                     -1);
     assert_null(strstr(err, "SHORTSECRET"));
     assert_non_null(strstr(err, "column"));
     config_free(&cfg);

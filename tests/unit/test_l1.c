@@ -14,6 +14,13 @@
 #define SEC 1000000000ull
 #define OBJ 65536u /* 16 units */
 
+static struct l1 *create(const struct l1_config *cfg) {
+    struct l1 *l1 = NULL;
+    char err[160];
+    if (l1_create(cfg, &l1, err, sizeof(err)) != 0) fail_msg("l1_create: %s", err);
+    return l1;
+}
+
 static struct l1 *mk(uint64_t size, enum l1_policy pol, struct quota *q) {
     struct l1_config cfg = {.size_bytes = size,
                             .policy = pol,
@@ -21,19 +28,22 @@ static struct l1 *mk(uint64_t size, enum l1_policy pol, struct quota *q) {
                             .write_ttl_ns = 600 * SEC,
                             .stripes = 8,
                             .quota = q};
-    struct l1 *l1 = NULL;
-    char err[160];
-    if (l1_create(&cfg, &l1, err, sizeof(err)) != 0) fail_msg("l1_create: %s", err);
-    return l1;
+    return create(&cfg);
 }
 
-static struct l1_key key(struct l1 *l1, unsigned i, const char *salt) {
+/* The ObjectKey of object i of model "m" in salt (NULL: ""). */
+static struct keys_object_key object_key(unsigned i, const char *salt) {
     struct keys_object_key k;
     char hex[17], err[KEYS_ERR_MAX];
     snprintf(hex, sizeof(hex), "%016x", i);
     assert_int_equal(keys_object_key_init(&k, hex, 16, "m", 1, 0x01000100, 0, salt,
                                           salt ? strlen(salt) : 0, err, sizeof(err)),
                      0);
+    return k;
+}
+
+static struct l1_key key(struct l1 *l1, unsigned i, const char *salt) {
+    struct keys_object_key k = object_key(i, salt);
     struct l1_key out;
     assert_int_equal(l1_key_make(l1, &k, &out), L1_OK);
     return out;
@@ -530,31 +540,18 @@ static void test_isolated_locks_capped_by_quota(void **state) {
 
 static struct l1 *mk_names(uint32_t max_salts) {
     struct l1_config cfg = {.size_bytes = 1 << 20, .stripes = 8, .max_salts = max_salts};
-    struct l1 *l1 = NULL;
-    char err[160];
-    if (l1_create(&cfg, &l1, err, sizeof(err)) != 0) fail_msg("l1_create: %s", err);
-    return l1;
+    return create(&cfg);
 }
 
 static struct l1_key lookup_key(struct l1 *l1, unsigned i, const char *salt) {
-    struct keys_object_key k;
-    char hex[17], err[KEYS_ERR_MAX];
-    snprintf(hex, sizeof(hex), "%016x", i);
-    assert_int_equal(keys_object_key_init(&k, hex, 16, "m", 1, 0x01000100, 0, salt, strlen(salt),
-                                          err, sizeof(err)),
-                     0);
+    struct keys_object_key k = object_key(i, salt);
     struct l1_key out;
     assert_int_equal(l1_key_lookup(l1, &k, &out), L1_OK);
     return out;
 }
 
 static int make(struct l1 *l1, unsigned i, const char *salt, struct l1_key *out) {
-    struct keys_object_key k;
-    char hex[17], err[KEYS_ERR_MAX];
-    snprintf(hex, sizeof(hex), "%016x", i);
-    assert_int_equal(keys_object_key_init(&k, hex, 16, "m", 1, 0x01000100, 0, salt, strlen(salt),
-                                          err, sizeof(err)),
-                     0);
+    struct keys_object_key k = object_key(i, salt);
     return l1_key_make(l1, &k, out);
 }
 

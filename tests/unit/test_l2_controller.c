@@ -15,15 +15,9 @@
 
 #include "base/clock.h"
 #include "server/l2/controller.h"
+#include "test_util.h"
 
 #define OBJ 65536
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
 
 struct env {
     char dir[64];
@@ -67,7 +61,7 @@ static void env_fini(struct env *e) {
     l2ctl_destroy(e->c);
     l1_destroy(e->l1);
     quota_destroy(e->q);
-    nftw(e->dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_rm_rf(e->dir);
 }
 
 static void mk(struct env *e, int i, const char *salt, struct keys_object_key *k,
@@ -361,12 +355,9 @@ static void test_evict_tracker_from_rescan(void **state) {
         b[i] = (struct l2_buf){payload, SZ};
     }
     /* written by a standalone adapter, as a previous run would have */
-    char js[256], err[256];
+    char js[256];
     snprintf(js, sizeof(js), "{\"type\":\"fs\",\"base_path\":\"%s\"}", e.dir);
-    json_t *cfg = json_loads(js, 0, NULL);
-    struct l2_adapter *a = NULL;
-    assert_int_equal(l2_adapter_create(cfg, &a, err, sizeof(err)), L2_OK);
-    json_decref(cfg);
+    struct l2_adapter *a = test_adapter_json(js);
     struct l2_task t = {.op = L2_OP_STORE, .n = M, .keys = k, .bufs = b, .ok = ok};
     assert_int_equal(l2_adapter_run(a, &t), L2_OK);
     assert_int_equal(t.nok, M);
@@ -407,7 +398,7 @@ static void test_evict_tracker_from_rescan(void **state) {
     l2ctl_destroy(e.c);
     quota_destroy(e.q);
     l1_destroy(e.l1);
-    nftw(e.dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_rm_rf(e.dir);
     free(k);
     free(b);
     free(ok);

@@ -21,6 +21,7 @@
 
 #include "server/l2/adapter.h"
 #include "server/l2/dax.h"
+#include "test_util.h"
 
 #define SLOT (64 * 1024)
 
@@ -51,17 +52,7 @@ static void fill(uint8_t *p, uint64_t n, unsigned i, unsigned version) {
     }
 }
 
-static struct l2_adapter *make(const char *json) {
-    json_error_t je;
-    json_t *cfg = json_loads(json, 0, &je);
-    assert_non_null(cfg);
-    struct l2_adapter *a = NULL;
-    char err[256];
-    int rc = l2_adapter_create(cfg, &a, err, sizeof(err));
-    json_decref(cfg);
-    if (rc != L2_OK) fail_msg("create: %s", err);
-    return a;
-}
+static struct l2_adapter *make(const char *json) { return test_adapter_json(json); }
 
 static struct l2_adapter *make2(const char *n0, const char *s0, const char *n1, const char *s1) {
     char p0[512], p1[512], json[2048];

@@ -22,15 +22,7 @@
 #include "server/l2/adapter.h"
 #include "server/l2/crc32c.h"
 #include "server/l2/fs.h"
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
-static void rm_rf(const char *dir) { nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+#include "test_util.h"
 
 static void make_key(struct keys_object_key *k, const char *model, const char *salt, int i) {
     char hex[65];
@@ -59,16 +51,7 @@ static void *buf_alloc(size_t sz) {
 static struct l2_adapter *open_fs(const char *dir, const char *extra) {
     char js[1024];
     snprintf(js, sizeof(js), "{\"type\":\"fs\",\"base_path\":\"%s\"%s}", dir, extra ? extra : "");
-    json_error_t je;
-    json_t *cfg = json_loads(js, 0, &je);
-    assert_non_null(cfg);
-    struct l2_adapter *a = NULL;
-    char err[256];
-    int rc = l2_adapter_create(cfg, &a, err, sizeof(err));
-    if (rc != L2_OK) fprintf(stderr, "create: %s\n", err);
-    assert_int_equal(rc, L2_OK);
-    json_decref(cfg);
-    return a;
+    return test_adapter_json(js);
 }
 
 /* Stores n objects of size sz (seeded by their index) synchronously; returns ok count. */
@@ -177,7 +160,7 @@ static void round_trip(const char *extra, bool expect_uring) {
                         expect_uring ? "io_uring" : "threads");
     json_decref(st);
     l2_adapter_destroy(a);
-    rm_rf(dir);
+    test_rm_rf(dir);
     free(dir);
 }
 
@@ -248,7 +231,7 @@ static void odirect_aligned(const char *extra, bool expect_uring) {
         assert_int_equal(u.objects, N - 3);
         assert_int_equal(load_n(a, keys, N, sz), N - 3);
         l2_adapter_destroy(a);
-        rm_rf(dir);
+        test_rm_rf(dir);
         free(dir);
     }
     g_align = 0;
@@ -301,7 +284,7 @@ static void test_restart_rescan(void **state) {
     snprintf(p, sizeof(p), "%s/.tmp-99.kv", dir);
     assert_int_equal(access(p, F_OK), -1);
     l2_adapter_destroy(a);
-    rm_rf(dir);
+    test_rm_rf(dir);
     free(dir);
 }
 
@@ -342,7 +325,7 @@ static void test_corrupt_file(void **state) {
     json_decref(st);
     for (int i = 0; i < 3; i++) free(bufs[i].data);
     l2_adapter_destroy(a);
-    rm_rf(dir);
+    test_rm_rf(dir);
     free(dir);
 }
 
@@ -377,13 +360,13 @@ static void test_enospc(void **state) {
     assert_int_equal(u.objects, 2);
     l2_adapter_destroy(a);
     /* max_capacity_gb: a store that would exceed it fails cleanly */
-    rm_rf(dir);
+    test_rm_rf(dir);
     a = open_fs(dir, ",\"max_capacity_gb\":0.00001"); /* ~10.7 KB */
     ok = store_n(a, keys, 4, 4096, &status);
     assert_int_equal(ok, 2);
     assert_int_equal(status, L2_ERR_NOSPC);
     l2_adapter_destroy(a);
-    rm_rf(dir);
+    test_rm_rf(dir);
     free(dir);
 }
 
@@ -468,7 +451,7 @@ static void test_delete_races_load(void **state) {
     l2_adapter_counters(a, &c);
     assert_int_equal(c.in_flight, 0);
     l2_adapter_destroy(a);
-    rm_rf(dir);
+    test_rm_rf(dir);
     free(dir);
 }
 
@@ -496,7 +479,7 @@ static void test_delete_skips_locked(void **state) {
     l2_adapter_usage(a, &u);
     assert_int_equal(u.objects, 0);
     l2_adapter_destroy(a);
-    rm_rf(dir);
+    test_rm_rf(dir);
     free(dir);
 }
 
@@ -541,7 +524,7 @@ static void test_listing(void **state) {
     assert_null(pg.next_token);
     l2_list_page_free(&pg);
     l2_adapter_destroy(a);
-    rm_rf(dir);
+    test_rm_rf(dir);
     free(dir);
 }
 

@@ -25,6 +25,7 @@
 
 #include "base/clock.h"
 #include "server/l2/controller.h"
+#include "test_util.h"
 
 #define NKEYS          48
 #define NTHREADS       4
@@ -86,13 +87,6 @@ static bool check(const uint8_t *p, uint64_t size, unsigned i) {
     for (uint64_t b = 0; b < size; b++)
         if (p[b] != (uint8_t)(i * 37 + b * 11 + (b >> 10))) return false;
     return true;
-}
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
 }
 
 static void do_store(struct ctx *c, unsigned i) {
@@ -413,7 +407,7 @@ static void stress(const char *engine) {
     l2ctl_destroy(c.c);
     l1_destroy(c.l1);
     quota_destroy(c.q);
-    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_rm_rf(dir);
 }
 
 static void test_stress_uring(void **state) {

@@ -717,17 +717,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 #define PEM_MAX   (1u << 20)
 
 /* Reads a whole regular file of at most max bytes into a NUL-terminated buffer. */
-static char *read_file(const char *flag, const char *path, size_t max, size_t *len, char *errbuf,
+static char *read_file(const char *flag, const char *path, size_t max, size_t *len, char *err,
                        size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        errbuf_set(errbuf, errlen, "argument --%s: cannot read %s: %s", flag, path,
-                   strerror(errno));
+        errbuf_set(err, errlen, "argument --%s: cannot read %s: %s", flag, path, strerror(errno));
         return NULL;
     }
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
-        errbuf_set(errbuf, errlen, "argument --%s: %s is not a regular file of at most %zu bytes",
+        errbuf_set(err, errlen, "argument --%s: %s is not a regular file of at most %zu bytes",
                    flag, path, max);
         close(fd);
         return NULL;
@@ -745,7 +744,7 @@ static char *read_file(const char *flag, const char *path, size_t max, size_t *l
     int saved = errno;
     close(fd);
     if (!buf || n != (size_t)st.st_size) {
-        errbuf_set(errbuf, errlen, "argument --%s: cannot read %s: %s", flag, path,
+        errbuf_set(err, errlen, "argument --%s: cannot read %s: %s", flag, path,
                    buf ? strerror(saved) : "out of memory");
         free(buf);
         return NULL;
@@ -766,18 +765,18 @@ static int no_passphrase(char *buf, int size, int rwflag, void *u) {
 /* Parses the PEM certificate and key and checks that they belong together, so a wrong file is
  * reported as a bad option value before anything starts (libmicrohttpd would only say it cannot
  * start). Encrypted keys are refused: nothing could type their passphrase. */
-static int check_tls_pair(const char *cert_pem, const char *key_pem, char *errbuf, size_t errlen) {
+static int check_tls_pair(const char *cert_pem, const char *key_pem, char *err, size_t errlen) {
     BIO *cb = BIO_new_mem_buf(cert_pem, -1), *kb = BIO_new_mem_buf(key_pem, -1);
     X509 *x = cb ? PEM_read_bio_X509(cb, NULL, no_passphrase, NULL) : NULL;
     EVP_PKEY *k = kb ? PEM_read_bio_PrivateKey(kb, NULL, no_passphrase, NULL) : NULL;
     int rc = -1;
     if (!x)
-        errbuf_set(errbuf, errlen, "argument --http-tls-cert: no PEM certificate in the file");
+        errbuf_set(err, errlen, "argument --http-tls-cert: no PEM certificate in the file");
     else if (!k)
-        errbuf_set(errbuf, errlen,
+        errbuf_set(err, errlen,
                    "argument --http-tls-key: no unencrypted PEM private key in the file");
     else if (X509_check_private_key(x, k) != 1)
-        errbuf_set(errbuf, errlen,
+        errbuf_set(err, errlen,
                    "argument --http-tls-key: the key does not belong to the --http-tls-cert "
                    "certificate");
     else
@@ -789,7 +788,7 @@ static int check_tls_pair(const char *cert_pem, const char *key_pem, char *errbu
     return rc;
 }
 
-int admin_options_load(struct admin_options *o, const struct server_config *cfg, char *errbuf,
+int admin_options_load(struct admin_options *o, const struct server_config *cfg, char *err,
                        size_t errlen) {
     memset(o, 0, sizeof(*o));
     o->host = cfg->http_host;
@@ -805,7 +804,7 @@ int admin_options_load(struct admin_options *o, const struct server_config *cfg,
     if (cfg->admin_token_file && *cfg->admin_token_file) {
         size_t len = 0;
         char *tok =
-            read_file("admin-token-file", cfg->admin_token_file, TOKEN_MAX, &len, errbuf, errlen);
+            read_file("admin-token-file", cfg->admin_token_file, TOKEN_MAX, &len, err, errlen);
         if (!tok) return -1;
         /* One line; surrounding whitespace (a trailing newline) is not part of it. */
         size_t b = 0, e = len;
@@ -815,20 +814,20 @@ int admin_options_load(struct admin_options *o, const struct server_config *cfg,
         for (size_t i = b; i < e; i++)
             if ((unsigned char)tok[i] <= ' ' || (unsigned char)tok[i] == 0x7f) bad = 1;
         if (e == b || bad) {
-            errbuf_set(errbuf, errlen,
+            errbuf_set(err, errlen,
                        "argument --admin-token-file: %s must hold one token of printable "
                        "characters without spaces (it is %s)",
                        cfg->admin_token_file, e == b ? "empty" : "not");
-            OPENSSL_cleanse(tok, len);
+            explicit_bzero(tok, len);
             free(tok);
             return -1;
         }
         SHA256((const unsigned char *)tok + b, e - b, o->token_digest);
         o->token = strndup(tok + b, e - b);
-        OPENSSL_cleanse(tok, len);
+        explicit_bzero(tok, len);
         free(tok);
         if (!o->token) {
-            errbuf_set(errbuf, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             return -1;
         }
         o->token_set = 1;
@@ -837,26 +836,26 @@ int admin_options_load(struct admin_options *o, const struct server_config *cfg,
     int has_cert = cfg->http_tls_cert && *cfg->http_tls_cert;
     int has_key = cfg->http_tls_key && *cfg->http_tls_key;
     if (has_cert != has_key) {
-        errbuf_set(errbuf, errlen, "argument --%s: requires --%s",
+        errbuf_set(err, errlen, "argument --%s: requires --%s",
                    has_cert ? "http-tls-cert" : "http-tls-key",
                    has_cert ? "http-tls-key" : "http-tls-cert");
         return -1;
     }
     if (has_cert) {
         if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
-            errbuf_set(errbuf, errlen,
+            errbuf_set(err, errlen,
                        "argument --http-tls-cert: this libmicrohttpd was built without TLS");
             return -1;
         }
         size_t len;
-        o->tls_cert = read_file("http-tls-cert", cfg->http_tls_cert, PEM_MAX, &len, errbuf, errlen);
+        o->tls_cert = read_file("http-tls-cert", cfg->http_tls_cert, PEM_MAX, &len, err, errlen);
         if (!o->tls_cert) return -1;
-        o->tls_key = read_file("http-tls-key", cfg->http_tls_key, PEM_MAX, &len, errbuf, errlen);
+        o->tls_key = read_file("http-tls-key", cfg->http_tls_key, PEM_MAX, &len, err, errlen);
         if (!o->tls_key) {
             admin_options_free(o);
             return -1;
         }
-        if (check_tls_pair(o->tls_cert, o->tls_key, errbuf, errlen) < 0) {
+        if (check_tls_pair(o->tls_cert, o->tls_key, err, errlen) < 0) {
             admin_options_free(o);
             return -1;
         }
@@ -865,12 +864,12 @@ int admin_options_load(struct admin_options *o, const struct server_config *cfg,
 }
 
 void admin_options_free(struct admin_options *o) {
-    if (o->tls_key) OPENSSL_cleanse(o->tls_key, strlen(o->tls_key));
+    if (o->tls_key) explicit_bzero(o->tls_key, strlen(o->tls_key));
     free(o->tls_cert);
     free(o->tls_key);
     o->tls_cert = o->tls_key = NULL;
-    OPENSSL_cleanse(o->token_digest, sizeof(o->token_digest));
-    if (o->token) OPENSSL_cleanse(o->token, strlen(o->token));
+    explicit_bzero(o->token_digest, sizeof(o->token_digest));
+    if (o->token) explicit_bzero(o->token, strlen(o->token));
     free(o->token);
     o->token = NULL;
 }
@@ -879,10 +878,10 @@ void admin_options_free(struct admin_options *o) {
 
 static void admin_free(struct admin *a) {
     free(a->workers);
-    if (a->tls_key) OPENSSL_cleanse(a->tls_key, strlen(a->tls_key));
+    if (a->tls_key) explicit_bzero(a->tls_key, strlen(a->tls_key));
     free(a->tls_cert);
     free(a->tls_key);
-    if (a->token) OPENSSL_cleanse(a->token, strlen(a->token));
+    if (a->token) explicit_bzero(a->token, strlen(a->token));
     free(a->token);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
@@ -910,7 +909,7 @@ static void stop_threads(struct admin *a) {
     }
 }
 
-struct admin *admin_start(struct engine *e, const struct admin_options *o, char *errbuf,
+struct admin *admin_start(struct engine *e, const struct admin_options *o, char *err,
                           size_t errlen) {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
@@ -920,13 +919,13 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     snprintf(ps, sizeof(ps), "%d", o->port);
     int gai = getaddrinfo(o->host, ps, &hints, &res);
     if (gai != 0) {
-        errbuf_set(errbuf, errlen, "--http-host %s: %s", o->host, gai_strerror(gai));
+        errbuf_set(err, errlen, "--http-host %s: %s", o->host, gai_strerror(gai));
         return NULL;
     }
     struct admin *a = calloc(1, sizeof(*a));
     if (!a) {
         freeaddrinfo(res);
-        errbuf_set(errbuf, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return NULL;
     }
     a->e = e;
@@ -949,7 +948,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     if (o->token && !(a->token = strdup(o->token))) {
         freeaddrinfo(res);
         admin_free(a);
-        errbuf_set(errbuf, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return NULL;
     }
     if (o->tls_cert) {
@@ -958,7 +957,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
         if (!a->tls_cert || !a->tls_key) {
             freeaddrinfo(res);
             admin_free(a);
-            errbuf_set(errbuf, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             return NULL;
         }
     }
@@ -985,7 +984,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     if (!a->workers) {
         freeaddrinfo(res);
         admin_free(a);
-        errbuf_set(errbuf, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return NULL;
     }
     int perr = 0;
@@ -1001,7 +1000,7 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
         freeaddrinfo(res);
         stop_threads(a);
         admin_free(a);
-        errbuf_set(errbuf, errlen, "cannot start admin threads: %s", strerror(perr));
+        errbuf_set(err, errlen, "cannot start admin threads: %s", strerror(perr));
         return NULL;
     }
 
@@ -1030,12 +1029,12 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
     freeaddrinfo(res);
     if (!a->d) {
         if (a->tls_cert)
-            errbuf_set(errbuf, errlen,
+            errbuf_set(err, errlen,
                        "cannot listen on %s:%d (address in use or not available, or the TLS "
                        "certificate and key do not load or match)",
                        o->host, o->port);
         else
-            errbuf_set(errbuf, errlen, "cannot listen on %s:%d (address in use or not available)",
+            errbuf_set(err, errlen, "cannot listen on %s:%d (address in use or not available)",
                        o->host, o->port);
         stop_threads(a);
         admin_free(a);

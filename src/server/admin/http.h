@@ -113,12 +113,12 @@ struct admin_options {
  * one-line message naming the option when a file is unreadable, empty or malformed, or TLS
  * is asked for and libmicrohttpd lacks it (the caller exits 2). Warns about files other
  * users may read. */
-int admin_options_load(struct admin_options *o, const struct server_config *cfg, char *errbuf,
+int admin_options_load(struct admin_options *o, const struct server_config *cfg, char *err,
                        size_t errlen);
 void admin_options_free(struct admin_options *o);
 
-/* Starts the server. Returns NULL with errbuf filled. */
-struct admin *admin_start(struct engine *e, const struct admin_options *o, char *errbuf,
+/* Starts the server. Returns NULL with err filled. */
+struct admin *admin_start(struct engine *e, const struct admin_options *o, char *err,
                           size_t errlen);
 /* Stops accepting, lets in-flight requests finish (up to timeout_s), answers requests still
  * queued for a worker with 503, waits for running handlers, then stops. */

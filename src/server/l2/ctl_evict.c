@@ -88,11 +88,18 @@ static struct ev_list *do_list_for(struct ctl_evictor *ev, const char *salt) {
     return l;
 }
 
+/* The tracker's name of k (its L2 name) and the name's hash; -1 for a key without one. */
+static int ev_name(const struct keys_object_key *k, char name[KEYS_L2_NAME_MAX], uint32_t *h) {
+    if (keys_l2_name(k, name, KEYS_L2_NAME_MAX) < 0) return -1;
+    *h = fnv1a32_str(name);
+    return 0;
+}
+
 static void ev_on_stored(void *arg, int idx, const struct keys_object_key *k, uint64_t size) {
     struct ctl_evictor *ev = arg;
     char name[KEYS_L2_NAME_MAX];
-    if (keys_l2_name(k, name, sizeof(name)) < 0) return;
-    uint32_t h = fnv1a32_str(name);
+    uint32_t h;
+    if (ev_name(k, name, &h) < 0) return;
     pthread_mutex_lock(&ev->mu);
     struct ev_node *n = do_ev_find(ev, name, h);
     if (n) {
@@ -136,8 +143,8 @@ static void ev_on_accessed(void *arg, int idx, const struct keys_object_key *k) 
 static void ev_on_deleted(void *arg, int idx, const struct keys_object_key *k, uint64_t size) {
     struct ctl_evictor *ev = arg;
     char name[KEYS_L2_NAME_MAX];
-    if (keys_l2_name(k, name, sizeof(name)) < 0) return;
-    uint32_t h = fnv1a32_str(name);
+    uint32_t h;
+    if (ev_name(k, name, &h) < 0) return;
     pthread_mutex_lock(&ev->mu);
     struct ev_node *n = do_ev_find(ev, name, h);
     if (n) {

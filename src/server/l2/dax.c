@@ -460,7 +460,7 @@ static void *worker_main(void *arg) {
     }
 }
 
-static void do_lookup(struct dax *d, struct l2_task *t) {
+static void index_lookup(struct dax *d, struct l2_task *t) {
     pthread_mutex_lock(&d->mu);
     for (size_t i = 0; i < t->n; i++) {
         struct dax_entry *e = do_dax_find(d, &t->keys[i], key_hash(&t->keys[i]));
@@ -476,7 +476,7 @@ static int dax_submit(struct l2_adapter *a, struct l2_task *t) {
     struct dax *d = D(a);
     if (t->op == L2_OP_LOOKUP) {
         /* an index look-up: no I/O, completed inline */
-        do_lookup(d, t);
+        index_lookup(d, t);
         l2_adapter_complete(a, t);
         return L2_OK;
     }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/errbuf.h"
 #include "base/jfield.h"
 #include "server/l2/dax_internal.h"
 
@@ -299,13 +300,22 @@ static void finish_remove(struct dax *d, int di) {
     dax_map_free(dead);
 }
 
-static json_t *op_remove(struct dax *d, const struct req *r, int *http) {
+/* Takes d->mu and finds the request's device: its index with mu held, or -1 with mu released
+ * and *res the 404 reply. */
+static int lock_attached(struct dax *d, const struct req *r, int *http, json_t **res) {
     pthread_mutex_lock(&d->mu);
     int di = do_dax_find_dev(d, r->device_path);
     if (di < 0) {
         pthread_mutex_unlock(&d->mu);
-        return fail(http, 404, "%s is not attached", r->device_path);
+        *res = fail(http, 404, "%s is not attached", r->device_path);
     }
+    return di;
+}
+
+static json_t *op_remove(struct dax *d, const struct req *r, int *http) {
+    json_t *res404;
+    int di = lock_attached(d, r, http, &res404);
+    if (di < 0) return res404;
     struct dax_dev *v = d->devs[di];
     if (r->mode == MODE_DRAIN) {
         if (v->state == ST_FAILED) {
@@ -372,12 +382,9 @@ static json_t *op_remove(struct dax *d, const struct req *r, int *http) {
 }
 
 static json_t *op_resize(struct dax *d, const struct req *r, int *http) {
-    pthread_mutex_lock(&d->mu);
-    int di = do_dax_find_dev(d, r->device_path);
-    if (di < 0) {
-        pthread_mutex_unlock(&d->mu);
-        return fail(http, 404, "%s is not attached", r->device_path);
-    }
+    json_t *res404;
+    int di = lock_attached(d, r, http, &res404);
+    if (di < 0) return res404;
     struct dax_dev *v = d->devs[di];
     if (v->state != ST_ACTIVE && v->state != ST_DRAINING) {
         pthread_mutex_unlock(&d->mu);
@@ -427,7 +434,8 @@ static json_t *op_resize(struct dax *d, const struct req *r, int *http) {
                  MAP_FAILED)
             why = "mmap";
         if (why) {
-            snprintf(err, sizeof(err), "%s of %s failed: %s", why, r->device_path, strerror(errno));
+            errbuf_set(err, sizeof(err), "%s of %s failed: %s", why, r->device_path,
+                       strerror(errno));
             if (!devdax && strcmp(why, "mmap") == 0 && ftruncate(fd, (off_t)old_size) != 0)
                 why = "restore";
             if (dupfd >= 0) close(dupfd);

@@ -1,0 +1,26 @@
+"""Loopback helpers shared by the integration tests and their harnesses (standard library only,
+so scripts that run a harness directly can import it too)."""
+import socket
+import time
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, what="process", timeout=20.0):
+    """Waits until 127.0.0.1:port accepts connections; raises RuntimeError when proc exits first
+    or the port is still closed after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("%s exited early with %s" % (what, proc.returncode))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("%s did not listen on %d" % (what, port))
