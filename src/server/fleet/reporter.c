@@ -112,6 +112,7 @@ static void do_forget(struct reporter *r, struct entry *en) {
 /* The engine's placement listener: data-path threads, cache locks held. O(1) under mu. */
 static void on_placement(void *arg, const uint8_t hash[32], int tier, bool present) {
     struct reporter *r = arg;
+    if (tier == ENGINE_TIER_OBJ) return; /* shared by the fleet: not a placement of this node */
     int t = tier == ENGINE_TIER_DRAM ? T_DRAM : T_SSD;
     uint64_t h = hash_of(hash);
     pthread_mutex_lock(&r->mu);
@@ -465,7 +466,7 @@ struct reporter *reporter_create(struct engine *e, char *err, size_t errlen) {
         reporter_free(r);
         return NULL;
     }
-    if (engine_add_placement_listener(e, on_placement, r) < 0) {
+    if (engine_add_placement_listener(e, on_placement, NULL, r) < 0) {
         errbuf_set(err, errlen, "master reporter: too many placement listeners");
         reporter_free(r);
         return NULL;
