@@ -133,7 +133,26 @@ struct server {
     pid_t pid;
     int port, http;
     lmc_client *c;
+    double cpu_s;    /* the process's CPU time during the timed rounds */
+    uint64_t chunks; /* stored during the timed rounds */
 };
+
+/* User + system CPU seconds of a process (all its threads). */
+static double cpu_of(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
 
 /* A server on free ports; master NULL: not reporting. */
 static bool server_start(struct server *s, double l1_gb, int chunk, bool prefault,
@@ -332,6 +351,7 @@ static double store_rate(struct server *s, const struct fopts *o, uint64_t *prom
     free(data);
     double dt = clock_mono() - t0;
     *gbps = (double)chunks * (double)obj / dt / 1e9;
+    s->chunks += chunks;
     return chunks ? (double)chunks / dt : -1;
 }
 
@@ -354,6 +374,8 @@ static int run_datapath(const struct fopts *o, struct master *m) {
         while ((double)(seq - before) * 16 * ((double)o->object_kib / 1024 / 1024) < 1.25)
             if (store_rate(i ? &rep : &plain, &warm, &seq, &g) < 0) goto out;
     }
+    plain.chunks = rep.chunks = 0;
+    double c0_plain = cpu_of(plain.pid), c0_rep = cpu_of(rep.pid);
     for (int r = 0; r < o->rounds; r++) {
         /* Alternate the order: a shared machine's drift hits both equally. */
         struct server *first = r % 2 ? &rep : &plain, *second = r % 2 ? &plain : &rep;
@@ -366,6 +388,14 @@ static int run_datapath(const struct fopts *o, struct master *m) {
                r + 1, o->object_kib, r_plain[r], r_rep[r],
                (r_rep[r] - r_plain[r]) / r_plain[r] * 100);
     }
+    plain.cpu_s = cpu_of(plain.pid) - c0_plain;
+    rep.cpu_s = cpu_of(rep.pid) - c0_rep;
+    /* CPU per stored chunk does not depend on what else the machine runs, as throughput does. */
+    double cpu_p = plain.cpu_s / (double)plain.chunks * 1e6,
+           cpu_r = rep.cpu_s / (double)rep.chunks * 1e6;
+    printf("| server CPU per stored chunk (all threads, timed rounds) | %.1f us without reporting, "
+           "%.1f us with: %+.1f%% |\n",
+           cpu_p, cpu_r, (cpu_r - cpu_p) / cpu_p * 100);
     /* Each round pairs the two servers back to back: the median of the paired differences is
      * the figure; the medians of each side are printed beside it. */
     double diff[MAX_ROUNDS];
