@@ -21,6 +21,8 @@ static const struct {
     {"dax", bench_dax_main, "L2 dax adapter store and load GB/s against memcpy"},
     {"master", bench_master_main,
      "UMBP master: MatchExternalKv calls/s and p99, report/revoke, RSS"},
+    {"fleet", bench_fleet_main,
+     "servers reporting to a master: store cost of reporting, ingest, POST /route p50/p99"},
 };
 #define NBENCH (sizeof(BENCHES) / sizeof(BENCHES[0]))
 

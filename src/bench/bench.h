@@ -16,6 +16,9 @@ int bench_s3_main(int argc, char **argv);
 /* `lmcache bench master` (also `lmcache master bench`): MatchExternalKv / report / revoke load
  * against a spawned or external master (docs/benchmarks.md). */
 int bench_master_main(int argc, char **argv);
+/* `lmcache bench fleet`: store throughput with and without reporting to a master, the master's
+ * ingest of four servers' full reports, and POST /route latency (docs/benchmarks.md, "Fleet"). */
+int bench_fleet_main(int argc, char **argv);
 /* `lmcache bench dax`: store and load GB/s of the Device-DAX L2 adapter against memcpy. */
 int bench_dax_main(int argc, char **argv);
 

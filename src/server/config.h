@@ -117,6 +117,15 @@ enum opt_type {
     X(kv_events_endpoint, "kv-events-endpoint", OPT_STR, "mp", "", 0, -1, NULL, 0,                 \
       "Publish placements as a vLLM-style KV-event stream on this ZMQ PUB endpoint (bound when "   \
       "it has '*', '::', ipc:// or inproc://, else connected; off when empty; docs/fleet.md)")     \
+    X(kv_events_format, "kv-events-format", OPT_ENUM, "mp", "current", 0, -1, "current|legacy", 0, \
+      "KV events as maps tagged \"type\" (current vLLM) or as tagged positional arrays (legacy)")  \
+    X(kv_events_hash_format, "kv-events-hash-format", OPT_ENUM, "mp", "bytes", 0, -1,              \
+      "bytes|int64", 0,                                                                            \
+      "Block hashes in KV events: the 32-byte placement hash, or its last 8 bytes read "           \
+      "big-endian as an unsigned 64-bit integer")                                                  \
+    X(kv_events_replay_endpoint, "kv-events-replay-endpoint", OPT_STR, "mp", "", 0, -1, NULL, 0,   \
+      "Bind a ZMQ ROUTER here that replays the last 10000 KV-event batches from a requested "      \
+      "sequence (needs --kv-events-endpoint; off when empty; docs/fleet.md)")                      \
     X(master_report_interval_ms, "master-report-interval-ms", OPT_INT, "mp", "100", 10, 60000,     \
       NULL, 0, "How often queued placement changes are sent to the master, in one batch")          \
     X(run_script_api_enabled, "run-script-api-enabled", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,   \

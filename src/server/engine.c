@@ -26,6 +26,7 @@
 #include "server/l1/l1.h"
 #include "server/l2/adapter.h"
 #include "server/l2/controller.h"
+#include "server/l2/s3.h"
 
 static void random_uuid(char *out, size_t len) {
     unsigned char b[16];
@@ -358,9 +359,11 @@ static void do_refresh_l2_metrics(struct engine *e) {
 
 /* ---- placements (the master reporter's feed) ---- */
 
-int engine_add_placement_listener(struct engine *e, engine_placement_fn fn, void *arg) {
+int engine_add_placement_listener(struct engine *e, engine_placement_fn fn,
+                                  engine_cleared_fn cleared, void *arg) {
     if (e->nplacement >= ENGINE_PLACEMENT_LISTENERS) return -1;
     e->placement_fn[e->nplacement] = fn;
+    e->cleared_fn[e->nplacement] = cleared;
     e->placement_arg[e->nplacement++] = arg;
     return 0;
 }
@@ -383,22 +386,27 @@ static void placement_l1(void *arg, const struct l1_key *k, const char *model, c
         placement_tell(e, h, ENGINE_TIER_DRAM, present);
 }
 
-static void placement_l2(struct engine *e, const struct keys_object_key *k, bool present) {
+static bool placement_obj(const struct l2_adapter *a) {
+    return strcmp(l2_adapter_type_name(a), S3_TYPE_NAME) == 0;
+}
+
+static void placement_l2(struct engine *e, int idx, const struct keys_object_key *k, bool present) {
     uint8_t h[FLEETHASH_LEN];
+    bool obj = idx >= 0 && (size_t)idx < e->nl2 && placement_obj(e->l2[idx]);
     if (fleethash_compute(k->model_name, k->cache_salt, k->kv_rank, k->hash, k->hash_len, h) == 0)
-        placement_tell(e, h, ENGINE_TIER_SSD, present);
+        placement_tell(e, h, obj ? ENGINE_TIER_OBJ : ENGINE_TIER_SSD, present);
 }
 
 static void placement_l2_stored(void *arg, int idx, const struct keys_object_key *k,
                                 uint64_t size) {
-    (void)idx, (void)size;
-    placement_l2(arg, k, true);
+    (void)size;
+    placement_l2(arg, idx, k, true);
 }
 
 static void placement_l2_deleted(void *arg, int idx, const struct keys_object_key *k,
                                  uint64_t size) {
-    (void)idx, (void)size;
-    placement_l2(arg, k, false);
+    (void)size;
+    placement_l2(arg, idx, k, false);
 }
 
 /* Node-local adapters (fs, dax) feed the listener, starting with what they found at start. */
@@ -407,13 +415,17 @@ static bool placement_local(const struct l2_adapter *a) {
     return strcmp(t, "fs") == 0 || strcmp(t, "dax") == 0;
 }
 
+/* s3 adapters feed it too (ENGINE_TIER_OBJ), with the objects this process stored or found;
+ * the bucket is not listed at start (it is shared and may be large). */
 static void placement_attach_l2(struct engine *e) {
     if (!e->nplacement) return;
     for (size_t i = 0; i < e->nl2; i++) {
         struct l2_adapter *a = e->l2[i];
-        if (!placement_local(a)) continue;
+        bool obj = placement_obj(a);
+        if (!placement_local(a) && !obj) continue;
         struct l2_listener l = {placement_l2_stored, NULL, placement_l2_deleted, e};
         if (l2_adapter_add_listener(a, &l) != L2_OK) continue;
+        if (obj) continue;
         struct l2_usage u;
         l2_adapter_usage(a, &u);
         char *tok = NULL, msg[256];
@@ -423,7 +435,7 @@ static void placement_attach_l2(struct engine *e) {
                 break;
             free(tok);
             tok = pg.next_token ? strdup(pg.next_token) : NULL;
-            for (size_t k = 0; k < pg.count; k++) placement_l2(e, &pg.entries[k].key, true);
+            for (size_t k = 0; k < pg.count; k++) placement_l2(e, (int)i, &pg.entries[k].key, true);
             l2_list_page_free(&pg);
             if (!tok) break;
         }
@@ -638,7 +650,12 @@ int engine_start(struct engine *e, char *err, size_t errlen) {
 
 void engine_set_ready(struct engine *e, int ready) { atomic_store(&e->ready, ready ? 1 : 0); }
 
-size_t engine_clear_l1(struct engine *e) { return l1_clear(e->l1, true, clock_mono_ns()); }
+size_t engine_clear_l1(struct engine *e) {
+    size_t n = l1_clear(e->l1, true, clock_mono_ns());
+    for (int i = 0; i < e->nplacement; i++)
+        if (e->cleared_fn[i]) e->cleared_fn[i](e->placement_arg[i]);
+    return n;
+}
 
 uint64_t engine_salt_usage_bytes(struct engine *e, const char *salt) {
     return l1_salt_usage_bytes(e->l1, salt) +

@@ -63,13 +63,18 @@ struct engine_l1_metrics {
     struct l1_stats snap; /* taken at the last refresh, read by the gauges */
 };
 
-/* Placement listener (the master reporter): told when an object of a node-local tier appears or
- * goes. hash is the object's placement hash (fleethash.h); tier is ENGINE_TIER_DRAM (L1) or
- * ENGINE_TIER_SSD (fs and dax adapters; s3 is shared by the fleet and never reported). Called on
- * data-path threads with cache locks held: it must be quick and take only leaf locks. */
+/* Placement listener (the master reporter, the KV-event publisher): told when an object appears
+ * or goes. hash is the object's placement hash (fleethash.h); tier is ENGINE_TIER_DRAM (L1),
+ * ENGINE_TIER_SSD (fs and dax adapters) or ENGINE_TIER_OBJ (s3 adapters: shared by the fleet, so
+ * the master reporter ignores it; the KV events show it as medium OBJ). Called on data-path
+ * threads with cache locks held: it must be quick and take only leaf locks. The optional cleared
+ * callback runs after a clear of L1 (POST /cache/clear, the data-plane clear), on that thread,
+ * with no cache lock held. */
 #define ENGINE_TIER_DRAM 2
 #define ENGINE_TIER_SSD  3
+#define ENGINE_TIER_OBJ  4
 typedef void (*engine_placement_fn)(void *arg, const uint8_t hash[32], int tier, bool present);
+typedef void (*engine_cleared_fn)(void *arg);
 #define ENGINE_PLACEMENT_LISTENERS 2 /* the master reporter, the KV-event publisher */
 
 struct engine {
@@ -110,6 +115,7 @@ struct engine {
     /* placement listener and the `master` section of /status (both optional, set before
      * engine_start_caches) */
     engine_placement_fn placement_fn[ENGINE_PLACEMENT_LISTENERS];
+    engine_cleared_fn cleared_fn[ENGINE_PLACEMENT_LISTENERS];
     void *placement_arg[ENGINE_PLACEMENT_LISTENERS];
     int nplacement;
     json_t *(*master_status_fn)(void *arg);
@@ -149,9 +155,11 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *err, 
  * ENGINE_ERR_CONFIG when an adapter rejects its --l2-adapter configuration, or -1 for other
  * failures, with err filled. */
 int engine_start_caches(struct engine *e, char *err, size_t errlen);
-/* Before engine_start_caches: who is told of placements (objects on disk at start included).
- * Returns 0, or -1 when ENGINE_PLACEMENT_LISTENERS are set already. */
-int engine_add_placement_listener(struct engine *e, engine_placement_fn fn, void *arg);
+/* Before engine_start_caches: who is told of placements (objects on disk at start included)
+ * and, with cleared non-NULL, of clears. Returns 0, or -1 when ENGINE_PLACEMENT_LISTENERS are
+ * set already. */
+int engine_add_placement_listener(struct engine *e, engine_placement_fn fn,
+                                  engine_cleared_fn cleared, void *arg);
 /* Before the admin API starts: fills the `master` section of /status (fn returns a new object). */
 void engine_set_master_status(struct engine *e, json_t *(*fn)(void *arg), void *arg);
 /* Capacities of the node-local tiers: DRAM (L1) and SSD (fs and dax adapters). */

@@ -82,8 +82,14 @@ int server_main(int argc, char **argv) {
         }
     }
     struct kvevents *kvev = NULL;
-    if (cfg.kv_events_endpoint && cfg.kv_events_endpoint[0]) {
-        kvev = kvevents_create(&engine, cfg.kv_events_endpoint, err, sizeof(err));
+    bool kv_on = cfg.kv_events_endpoint && cfg.kv_events_endpoint[0];
+    if (kv_on || (cfg.kv_events_replay_endpoint && cfg.kv_events_replay_endpoint[0])) {
+        if (kv_on)
+            kvev = kvevents_create(&engine, err, sizeof(err));
+        else
+            snprintf(err, sizeof(err),
+                     "argument --kv-events-replay-endpoint: needs "
+                     "--kv-events-endpoint");
         if (!kvev) {
             fprintf(stderr, "lmcache server: error: %s\n", err);
             engine_destroy(&engine);

@@ -193,11 +193,42 @@ def test_master_restart_is_followed_by_a_full_report(make_server):
         st = s.get("/status").json()["master"]
         assert st["connected"] and not st["full_sync_pending"]
         assert full0["heartbeat_interval_ms"] == 500
+        # Re-registered and re-synced on the first heartbeat the new master answered (within
+        # two heartbeat intervals of its return), not after some longer retry or TTL.
+        assert full0["resync_heartbeats"] == 0
+        assert st["resync_heartbeats"] in (1, 2), st
         text = s.get("/metrics").text
         full = [ln for ln in text.splitlines()
                 if ln.startswith("lmcache_mp_master_full_syncs_total ")]
         assert full and float(full[0].split()[1]) >= 2
     finally:
+        m.stop()
+
+
+def test_hung_master_costs_the_data_path_nothing(make_server):
+    # A master that accepts connections but never answers (SIGSTOP): every RPC waits for its
+    # deadline on the reporter thread; stores keep succeeding and are acknowledged meanwhile.
+    m = Master()
+    try:
+        s, c = fleet_server(make_server, m.addr, "node-h")
+        h = store(c, 20)
+        assert wait_for(lambda: "node-h" in matches(m.addr, h))
+        m.proc.send_signal(signal.SIGSTOP)
+        held = list(h)
+        for i in range(30):
+            held += store(c, 21 + i)  # asserts every chunk was stored and acknowledged
+            assert c.call("lookup", request_id="h%d" % i, model_name="m",
+                          token_ids=prompt(21 + i, 2))["ok"]
+            c.call("end_session", request_id="h%d" % i)
+        assert s.get("/healthcheck").status_code == 200
+        assert wait_for(lambda: s.get("/status").json()["master"]["tracked_hashes"] == 62)
+        # Answering again: the node re-syncs and the master knows everything it holds.
+        m.proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: matches(m.addr, held).get("node-h") == {
+            UMBPTierType.DRAM: set(held)}, timeout=30)
+    finally:
+        if m.proc.poll() is None:
+            m.proc.send_signal(signal.SIGCONT)
         m.stop()
 
 

@@ -60,6 +60,10 @@ struct reporter {
     _Atomic bool connected, registered, dirty;
     _Atomic uint32_t hb_ms;
     _Atomic uint64_t tracked, dropped;
+    /* heartbeats the master answered since it last failed, and that count when the last full
+     * report completed (-1: none yet): how soon a returning master is re-synced */
+    _Atomic uint32_t hb_answered;
+    _Atomic int32_t resync_hb;
     pthread_mutex_t err_mu; /* leaf: last_error */
     char last_error[256];
 
@@ -112,6 +116,7 @@ static void do_forget(struct reporter *r, struct entry *en) {
 /* The engine's placement listener: data-path threads, cache locks held. O(1) under mu. */
 static void on_placement(void *arg, const uint8_t hash[32], int tier, bool present) {
     struct reporter *r = arg;
+    if (tier == ENGINE_TIER_OBJ) return; /* shared by the fleet: not a placement of this node */
     int t = tier == ENGINE_TIER_DRAM ? T_DRAM : T_SSD;
     uint64_t h = hash_of(hash);
     pthread_mutex_lock(&r->mu);
@@ -148,6 +153,7 @@ static void failed(struct reporter *r, const char *what, int rc, const char *err
         log_warn(r->lg, "master %s: %s failed (%d): %s; serving on, full report when it is back",
                  r->address, what, rc, err);
     atomic_store(&r->dirty, true);
+    atomic_store(&r->hb_answered, 0);
     metric_set(r->m_connected, 0);
     set_error(r, err[0] ? err : what);
 }
@@ -278,6 +284,7 @@ static int full_sync(struct reporter *r) {
     for (int t = 0; t < NT; t++) hb_free(&all[t]);
     if (rc == 0) {
         atomic_store(&r->dirty, false);
+        atomic_store(&r->resync_hb, (int32_t)atomic_load(&r->hb_answered));
         metric_inc(r->m_full, 1);
         log_info(r->lg, "master %s: full report sent (%llu hashes)", r->address,
                  (unsigned long long)atomic_load(&r->tracked));
@@ -355,6 +362,7 @@ static void *reporter_main(void *arg) {
             size_t ncaps = capacities(r, caps);
             int rc = umbp_client_heartbeat_caps(r->c, caps, ncaps, &alive, err, sizeof(err));
             next_hb = now + atomic_load(&r->hb_ms) / 1000.0;
+            if (rc == 0) atomic_fetch_add(&r->hb_answered, 1);
             if (rc != 0) {
                 failed(r, "Heartbeat", rc, err);
             } else if (!alive) {
@@ -388,13 +396,14 @@ static json_t *status_json(void *arg) {
     pthread_mutex_lock(&r->mu);
     size_t pending = r->pending;
     pthread_mutex_unlock(&r->mu);
-    return json_pack(
-        "{s:s, s:s, s:s, s:b, s:b, s:b, s:I, s:I, s:I, s:I, s:s}", "address", r->address, "node_id",
-        r->node_id, "node_address", r->node_address, "connected", atomic_load(&r->connected),
-        "registered", atomic_load(&r->registered), "full_sync_pending", atomic_load(&r->dirty),
-        "heartbeat_interval_ms", (json_int_t)atomic_load(&r->hb_ms), "tracked_hashes",
-        (json_int_t)atomic_load(&r->tracked), "queue_depth", (json_int_t)pending,
-        "untracked_admissions", (json_int_t)atomic_load(&r->dropped), "last_error", le);
+    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:I, s:I, s:I, s:I, s:s, s:i}", "address",
+                     r->address, "node_id", r->node_id, "node_address", r->node_address,
+                     "connected", atomic_load(&r->connected), "registered",
+                     atomic_load(&r->registered), "full_sync_pending", atomic_load(&r->dirty),
+                     "heartbeat_interval_ms", (json_int_t)atomic_load(&r->hb_ms), "tracked_hashes",
+                     (json_int_t)atomic_load(&r->tracked), "queue_depth", (json_int_t)pending,
+                     "untracked_admissions", (json_int_t)atomic_load(&r->dropped), "last_error", le,
+                     "resync_heartbeats", (int)atomic_load(&r->resync_hb));
 }
 
 static struct metric *counter(struct metrics *m, const char *name, const char *help) {
@@ -417,6 +426,7 @@ struct reporter *reporter_create(struct engine *e, char *err, size_t errlen) {
     r->e = e;
     r->lg = log_get("lmcache.master");
     r->flush_ms = (uint32_t)c->master_report_interval_ms;
+    atomic_init(&r->resync_hb, -1);
     char addr[300];
     if (c->node_address && c->node_address[0])
         snprintf(addr, sizeof(addr), "%s", c->node_address);
@@ -465,7 +475,7 @@ struct reporter *reporter_create(struct engine *e, char *err, size_t errlen) {
         reporter_free(r);
         return NULL;
     }
-    if (engine_add_placement_listener(e, on_placement, r) < 0) {
+    if (engine_add_placement_listener(e, on_placement, NULL, r) < 0) {
         errbuf_set(err, errlen, "master reporter: too many placement listeners");
         reporter_free(r);
         return NULL;
