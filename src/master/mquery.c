@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/fleethash.h"
+#include "base/jscan.h"
 #include "base/strbuf.h"
 
 static const char *const TIER_NAME[MSTORE_NTIERS] = {"UNKNOWN", "HBM", "DRAM", "SSD"};
@@ -43,9 +44,10 @@ static bool better(const struct noderes *a, const struct noderes *b) {
 }
 
 /* Reads the request into hex placement hashes: hashes[] given, or computed from token_ids. */
-static int read_hashes(json_t *req, char (**hex)[FLEETHASH_HEX_LEN + 1], size_t *n,
-                       long *chunk_size, struct strbuf *out) {
-    json_t *jh = json_object_get(req, "hashes"), *jt = json_object_get(req, "token_ids");
+static int read_hashes(json_t *req, const char *jt, size_t jt_len,
+                       char (**hex)[FLEETHASH_HEX_LEN + 1], size_t *n, long *chunk_size,
+                       struct strbuf *out) {
+    json_t *jh = json_object_get(req, "hashes");
     if ((jh != NULL) == (jt != NULL))
         return fail(out, 400, "exactly one of token_ids or hashes is required");
     *chunk_size = MQUERY_DEFAULT_CHUNK;
@@ -81,20 +83,16 @@ static int read_hashes(json_t *req, char (**hex)[FLEETHASH_HEX_LEN + 1], size_t 
     if ((jw && !json_is_integer(jw)) || (jr && !json_is_integer(jr)) || ws < 1 || ws > 255 ||
         rk < 0 || rk >= ws)
         return fail(out, 400, "world_size must be 1..255 and rank 0..world_size-1");
-    if (!json_is_array(jt)) return fail(out, 400, "token_ids must be an array of integers");
-    size_t nt = json_array_size(jt);
-    if (nt > MQUERY_MAX_TOKENS) return fail(out, 413, "too many token_ids");
-    uint32_t *toks = malloc((nt ? nt : 1) * sizeof(*toks));
+    uint32_t *toks = malloc(MQUERY_MAX_TOKENS * sizeof(*toks));
     if (!toks) return fail(out, 500, "out of memory");
-    for (size_t i = 0; i < nt; i++) {
-        json_t *v = json_array_get(jt, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) > 0xffffffffLL) {
-            free(toks);
-            return fail(out, 400, "token_ids must be integers in 0..4294967295");
-        }
-        toks[i] = (uint32_t)json_integer_value(v);
+    long got_t = jscan_u32_array(jt, jt_len, toks, MQUERY_MAX_TOKENS);
+    if (got_t < 0) {
+        free(toks);
+        return got_t == -2
+                   ? fail(out, 413, "too many token_ids")
+                   : fail(out, 400, "token_ids must be an array of integers in 0..4294967295");
     }
+    size_t nt = (size_t)got_t;
     size_t nc = nt / (size_t)*chunk_size;
     if (nc > MQUERY_MAX_HASHES) nc = MQUERY_MAX_HASHES;
     uint8_t(*ch)[FLEETHASH_LEN] = malloc((nc ? nc : 1) * sizeof(*ch));
@@ -139,19 +137,65 @@ static json_t *node_json(const struct noderes *r, long chunk_size) {
                      "tokens_by_tier", tiers);
 }
 
+/* The request's members: token_ids kept as text for jscan_u32_array (a DOM parser would spend
+ * most of the query on a long prompt's numbers), every other member decoded into an object. */
+struct route_req {
+    json_t *rest;
+    const char *tok;
+    size_t tok_len;
+};
+
+enum { MEMBER_BAD = 1, MEMBER_DUP, MEMBER_OOM };
+
+static int on_member(void *arg, const struct jscan_member *m) {
+    struct route_req *rq = arg;
+    char *key = NULL;
+    if (!m->key_escaped) { /* raw control bytes (NUL among them) were refused by the scan */
+        key = strndup(m->key, m->key_len);
+    } else { /* the quoted key, decoded as a JSON string (\u0000 refused) */
+        json_t *k = json_loadb(m->key - 1, m->key_len + 2, JSON_DECODE_ANY, NULL);
+        if (!json_is_string(k)) {
+            json_decref(k);
+            return MEMBER_BAD;
+        }
+        key = strdup(json_string_value(k));
+        json_decref(k);
+    }
+    if (!key) return MEMBER_OOM;
+    int rc = 0;
+    if (strcmp(key, "token_ids") == 0) {
+        if (rq->tok) rc = MEMBER_DUP;
+        rq->tok = m->val;
+        rq->tok_len = m->val_len;
+    } else if (json_object_get(rq->rest, key)) {
+        rc = MEMBER_DUP;
+    } else {
+        json_t *v = json_loadb(m->val, m->val_len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+        if (!v)
+            rc = MEMBER_BAD;
+        else if (json_object_set_new(rq->rest, key, v) != 0)
+            rc = MEMBER_OOM;
+    }
+    free(key);
+    return rc;
+}
+
 int mquery_route(struct mstore *s, const char *body, size_t len, struct strbuf *out) {
     if (len > MQUERY_MAX_BODY) return fail(out, 413, "request body exceeds 1 MiB");
-    json_error_t je;
-    json_t *req = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!json_is_object(req)) {
-        json_decref(req);
-        return fail(out, 400, "the body must be a JSON object");
+    struct route_req rq = {json_object(), NULL, 0};
+    if (!rq.rest) return fail(out, 500, "out of memory");
+    int sc = jscan_object(body, len, MQUERY_MAX_DEPTH, on_member, &rq);
+    if (sc != 0) {
+        json_decref(rq.rest);
+        return sc == MEMBER_OOM   ? fail(out, 500, "out of memory")
+               : sc == MEMBER_DUP ? fail(out, 400, "a member appears twice in the body")
+                                  : fail(out, 400, "the body must be a JSON object");
     }
     char(*hex)[FLEETHASH_HEX_LEN + 1] = NULL;
     size_t n = 0;
     long chunk_size = MQUERY_DEFAULT_CHUNK;
-    int st = read_hashes(req, &hex, &n, &chunk_size, out);
-    json_decref(req);
+    int st = read_hashes(rq.rest, rq.tok, rq.tok_len, &hex, &n, &chunk_size, out);
+    json_decref(rq.rest);
     if (st) {
         free(hex);
         return st;

@@ -15,6 +15,7 @@
 #define MQUERY_MAX_HASHES    4096       /* chunks (hashes) per query */
 #define MQUERY_MAX_CHUNK     65536      /* chunk_size */
 #define MQUERY_DEFAULT_CHUNK 256
+#define MQUERY_MAX_DEPTH     32 /* nesting of the body's containers */
 
 struct strbuf;
 

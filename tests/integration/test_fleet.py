@@ -307,6 +307,38 @@ def test_routing_query_is_bounded(master):
                         timeout=30).status_code == 200
 
 
+def test_routing_query_reads_bodies_strictly(master):
+    url = "http://127.0.0.1:%d/route" % master.http_port
+
+    def post(raw):
+        return requests.post(url, data=raw, timeout=30)
+
+    plain = post(b'{"model_name":"m","token_ids":[1,2,3,4],"chunk_size":2}')
+    assert plain.status_code == 200 and plain.json()["chunks"] == 2, plain.text
+    # Escaped keys mean the same member; whitespace anywhere between tokens; unknown members
+    # (nested within the limit) are ignored.
+    same = post(b' {\n"model\\u005fname" : "m" ,\t"token\\u005fids":[ 1 ,2, 3,4 ] ,'
+                b'"chunk_size":2, "x":{"y":[[{"z":null}]]}}\r\n')
+    assert same.status_code == 200 and same.json() == plain.json(), same.text
+    bad = [
+        b'{"model_name":"m","token_ids":[1],"token_ids":[2]}',        # a member twice
+        b'{"model_name":"m","model\\u005fname":"n","token_ids":[1]}',  # the same, escaped
+        b'{"model_name":"m","token_ids":[1.0]}',
+        b'{"model_name":"m","token_ids":[4294967296]}',
+        b'{"model_name":"m","token_ids":[01]}',
+        b'{"model_name":"m","token_ids":["1"]}',
+        b'{"model_name":"m","token_ids":[1,]}',
+        b'{"model_name":"m","token_ids":[1]} x',
+        b'{"model_name":"m\xc3\x28","token_ids":[1]}',               # not UTF-8
+        b'{"model_name":"m\\ud800","token_ids":[1]}',                # a lone surrogate
+        b'{"model_name":"m","token_ids":[1],"x":' + b"[" * 40 + b"]" * 40 + b"}",
+    ]
+    for raw in bad:
+        r = post(raw)
+        assert r.status_code == 400, (raw, r.status_code, r.text)
+        assert "error" in r.json()
+
+
 def test_kv_events_stream(make_server, tmp_path):
     import msgpack
     import zmq
