@@ -17,6 +17,18 @@ class Server:
     """One running daemon; `url` is its admin API base URL."""
 
     def __init__(self, args=(), env=None, wait_ready=True, l1_size_gb="0.25", policy="LRU"):
+        # A port taken by another process between free_port() and the daemon's bind makes it
+        # exit at start; it is started again on other ports (the test never talks to a stranger
+        # that happened to listen there).
+        for attempt in range(3):
+            try:
+                self._start(args, env, wait_ready, l1_size_gb, policy)
+                return
+            except RuntimeError as e:
+                if attempt == 2 or "address in use" not in str(e):
+                    raise
+
+    def _start(self, args, env, wait_ready, l1_size_gb, policy):
         self.http_port = free_port()
         self.zmq_port = free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
@@ -35,6 +47,8 @@ class Server:
         self.wait_listening()
         if wait_ready:
             self.wait_ready()
+        if self.proc.poll() is not None:  # what answered was another process on that port
+            raise RuntimeError(f"server exited with {self.proc.returncode}: {self.output()}")
 
     def wait_listening(self, timeout=20):
         deadline = time.time() + timeout
@@ -51,6 +65,8 @@ class Server:
     def wait_ready(self, timeout=30):
         deadline = time.time() + timeout
         while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.output()}")
             try:
                 if requests.get(self.url + "/healthcheck", timeout=5).status_code == 200:
                     return

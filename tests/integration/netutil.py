@@ -1,11 +1,24 @@
 """Loopback helpers shared by the integration tests and their harnesses (standard library only,
 so scripts that run a harness directly can import it too)."""
+import random
 import socket
 import time
 
+_rng = random.Random()
+
 
 def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range
+    (32768 and up here): the outgoing connections of the tests and of everything else on the
+    machine take their local ports from that range and would race a port picked there."""
+    for _ in range(200):
+        port = _rng.randrange(20000, 32700)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

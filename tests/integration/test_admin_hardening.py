@@ -82,9 +82,11 @@ def wait_closed(socks, want, timeout=20):
 
 
 def probe_healthcheck(url, times):
-    """/healthcheck must answer 200 within a 1 s client timeout every time."""
+    """/healthcheck must answer 200 every time, within a 3 s client timeout: half the time a
+    probe queued behind one of the 6 s scripts would wait, with room for a loaded sanitizer
+    build (its latency is measured by the soak, not asserted here)."""
     for i in range(times):
-        r = requests.get(url + "/healthcheck", timeout=1)
+        r = requests.get(url + "/healthcheck", timeout=3)
         assert r.status_code == 200, (i, r.status_code, r.text)
         assert r.json() == {"status": "healthy"}
 
@@ -106,8 +108,8 @@ def test_healthcheck_answers_during_slow_scripts_and_slowloris(make_server):
         for i in range(2, 12):  # 10 addresses x 40 attempts (32 per address are kept)
             socks += slow_header_conns(s.http_port, f"127.0.0.{i}", 40)
         probe_healthcheck(s.url, 15)
-        assert requests.get(s.url + "/", timeout=1).status_code == 200
-        assert requests.get(s.url + "/metrics", timeout=1).status_code == 200
+        assert requests.get(s.url + "/", timeout=3).status_code == 200
+        assert requests.get(s.url + "/metrics", timeout=3).status_code == 200
     finally:
         close_all(socks)
         for t in threads:
