@@ -3,22 +3,19 @@ outlives a master, replicas behind one Redis, Redis lost and back, start-up faul
 schema an operator reads, and bounded scripts for large full syncs."""
 
 import re
-import os
-import shutil
 import subprocess
 import time
 
 import grpc
 import pytest
 
-from master_util import Master, RedisServer, free_port, lmcache_bin, redis_env, use_python_package
+from master_util import (Master, RedisServer, fnv1a32, free_port, lmcache_bin, needs_redis,
+                         redis_env, use_python_package)
 
 use_python_package()
 from umbp import UMBPMasterClient, UMBPTierType, pb, pb_grpc  # noqa: E402
 
-# In CI they must run (scripts/install-deps.sh installs redis-server): a skip there is a failure.
-if not shutil.which("redis-server") and os.environ.get("CI", "").lower() in ("", "0", "false", "no"):
-    pytestmark = pytest.mark.skip(reason="redis-server missing")
+pytestmark = needs_redis
 
 GB = 1 << 30
 
@@ -352,14 +349,8 @@ def test_multi_mode_two_endpoints_and_a_failed_shard():
             s = stub(m)
             assert heartbeat(s, "mm", 1, adds=keys).acked_seq == 1
             matches(m, keys, hit=True)
-
-            def fnv(x):
-                h = 2166136261
-                for ch in x.encode():
-                    h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
-                return h
-
-            on = {0: [k for k in keys if fnv(k) % 2 == 0], 1: [k for k in keys if fnv(k) % 2]}
+            on = {0: [k for k in keys if fnv1a32(k) % 2 == 0],
+                  1: [k for k in keys if fnv1a32(k) % 2]}
             assert on[0] and on[1]
             # Control keys and shard 0 on the first endpoint, shard 1 on the second.
             assert a.cli("HGET", "{umbp:multi}:node:mm", "status") == "1"
