@@ -116,8 +116,7 @@ done:
 /* ---- command batches: every argument copied into one buffer, sent as one pipeline ---- */
 
 static void b_free(struct batch *b) {
-    for (size_t i = 0; i < b->nc; i++)
-        if (b->c[i].rep) freeReplyObject(b->c[i].rep);
+    rs_arena_free(&b->arena);
     free(b->buf);
     free(b->aoff);
     free(b->alen);
@@ -182,6 +181,35 @@ static void b_i64(struct batch *b, int64_t v) {
     char t[24];
     int n = snprintf(t, sizeof(t), "%lld", (long long)v);
     b_arg(b, t, (size_t)n);
+}
+
+/* Room for ncmd commands, nargs arguments and bytes of them, so that a large batch does
+ * not grow by doubling (false on no memory: the batch is then marked so). */
+static void b_reserve(struct batch *b, size_t ncmd, size_t nargs, size_t bytes) {
+    if (b->oom) return;
+    if (ncmd > b->ccap) {
+        struct bcmd *c = realloc(b->c, ncmd * sizeof(*c));
+        if (c) {
+            b->c = c;
+            b->ccap = ncmd;
+        }
+    }
+    if (nargs > b->acap) {
+        size_t *o = realloc(b->aoff, nargs * sizeof(*o));
+        if (o) b->aoff = o;
+        size_t *l = o ? realloc(b->alen, nargs * sizeof(*l)) : NULL;
+        if (l) {
+            b->alen = l;
+            b->acap = nargs;
+        }
+    }
+    if (bytes > b->bcap) {
+        char *nb = realloc(b->buf, bytes);
+        if (nb) {
+            b->buf = nb;
+            b->bcap = bytes;
+        }
+    }
 }
 
 /* Starts a command: a plain one (name) or a script call with numkeys keys to follow, for
@@ -825,10 +853,11 @@ static bool push_hit(struct mstore_hitrec **h, size_t *nh, size_t *hcap, struct 
     return true;
 }
 
-/* One round trip per endpoint: without count_as_hit on one endpoint a pipeline of plain
- * HGETALLs (Redis runs them several times faster than the same reads inside a script);
- * otherwise one match script per shard touched (hit counting fused in). In split modes the
- * ALIVE peer map comes from the control endpoint in the same round. */
+/* One round trip per endpoint: without count_as_hit a pipeline of plain HGETALLs, each to
+ * its shard's endpoint (Redis runs them several times faster than the same reads inside a
+ * script), plus the ALIVE peer map from the control endpoint; with count_as_hit one match
+ * script per shard touched (hit counting fused in), and in split modes the peer map in the
+ * same round. */
 static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n,
                         bool count_as_hit, int64_t now, struct mstore_match *mt) {
     struct rstore *r = RS(s);
@@ -855,7 +884,10 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
             sh[i] = shard_of(r, keys[i].p, keys[i].n);
             cnt[sh[i]]++;
         }
-    bool plain = !count_as_hit && !r->split;
+    bool plain = !count_as_hit;
+    size_t kbytes = 0;
+    for (size_t i = 0; i < n; i++) kbytes += keys[i].n + 48;
+    b_reserve(&b, n + r->nshards + 2, 2 * n + 8 * r->nshards + 8, 2 * kbytes + 512);
     for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
         cmdof[s2] = UINT32_MAX;
         if (plain || !cnt[s2]) continue;
@@ -890,26 +922,35 @@ static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t 
         goto out;
     }
     const redisReply *peers = pcmd < b.nc ? b.c[pcmd].rep : NULL;
-    tab = malloc(tcap * sizeof(*tab));
+    tab = calloc(tcap, sizeof(*tab));
     if (!tab) goto out;
     if (plain) {
         /* Node names interned once per call through a small cache. */
         size_t c = 0;
         for (size_t i = 0; i < n; i++) {
             if (!first[i]) continue;
-            const redisReply *e = b.c[c++].rep;
-            for (size_t j = 0; e->type == REDIS_REPLY_ARRAY && j + 1 < e->elements; j += 2) {
+            const redisReply *e = b.c[c++].rep; /* NULL: a failed shard (split modes) */
+            for (size_t j = 0; e && e->type == REDIS_REPLY_ARRAY && j + 1 < e->elements; j += 2) {
                 const redisReply *nm = e->element[j];
-                uint8_t tiers = (uint8_t)(rep_int(e->element[j + 1]) & 0xf);
+                const redisReply *tv = e->element[j + 1];
+                uint8_t tiers = (uint8_t)((tv->type == REDIS_REPLY_STRING && tv->len == 1
+                                               ? (uint8_t)(tv->str[0] - '0')
+                                               : rep_int(tv)) &
+                                          0xf);
                 if (!tiers || nm->type != REDIS_REPLY_STRING) continue;
-                uint32_t node = UINT32_MAX;
-                for (size_t k = 0; k < ntab && node == UINT32_MAX; k++)
-                    if (tab[k].name->len == nm->len &&
-                        memcmp(tab[k].name->str, nm->str, nm->len) == 0)
-                        node = tab[k].node;
+                /* tab as a 64-slot open-addressing cache keyed by the name's hash. */
+                uint32_t node = UINT32_MAX, x = fnv1a32(nm->str, nm->len) & 63;
+                for (size_t probe = 0; probe < 64; probe++, x = (x + 1) & 63) {
+                    const struct mnode *t = &tab[x];
+                    if (!t->name) break;
+                    if (t->name->len == nm->len && memcmp(t->name->str, nm->str, nm->len) == 0) {
+                        node = t->node;
+                        break;
+                    }
+                }
                 if (node == UINT32_MAX) {
                     if (!intern(r, nm->str, nm->len, &node)) goto out;
-                    if (ntab < tcap) tab[ntab++] = (struct mnode){node, nm, NULL};
+                    if (!tab[x].name) tab[x] = (struct mnode){node, nm, NULL};
                 }
                 if (!push_hit(&h, &nh, &hcap, (struct mstore_hitrec){(uint32_t)i, node, tiers}))
                     goto out;
