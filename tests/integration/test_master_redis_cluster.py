@@ -4,13 +4,15 @@ answered through ASK and MOVED, the redirection bound, a lost master read as mis
 NOSCRIPT after a script cache loss. The master's semantic tests also run on a cluster (the
 "redis-cluster" leg of master_util.backend)."""
 
+import os
 import re
+import subprocess
 
 import grpc
 import pytest
 
-from master_util import (Master, RedisCluster, fnv1a32 as fnv, needs_redis, redis_cluster_env,
-                         use_python_package)
+from master_util import (Master, RedisCluster, fnv1a32 as fnv, free_port, lmcache_bin,
+                         needs_redis, redis_cluster_env, use_python_package)
 
 use_python_package()
 from umbp import UMBPMasterClient, UMBPTierType, pb, pb_grpc  # noqa: E402
@@ -60,6 +62,17 @@ def apart(cl, ns, tags):
     ctl = cl.owner(slot_of(cl, "{umbp:%s}" % ns)).port
     tag = next(t for t in tags if cl.owner(slot_of(cl, t)).port != ctl)
     return tag, slot_of(cl, tag), cl.owner(slot_of(cl, tag))
+
+
+def test_cluster_and_shard_uris_together_exit_with_one_line():
+    env = dict(os.environ, UMBP_METADATA_BACKEND="redis", UMBP_REDIS_CLUSTER="1",
+               UMBP_REDIS_SHARD_URIS="tcp://127.0.0.1:1,tcp://127.0.0.1:2")
+    p = subprocess.run([lmcache_bin(), "master", "127.0.0.1:%d" % free_port(), "0"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines()[-1] == (
+        "umbp_master: cannot create the metadata store: UMBP_REDIS_CLUSTER=1 and "
+        "UMBP_REDIS_SHARD_URIS cannot be combined")
 
 
 def test_one_tag_per_master_and_keys_on_every_master(cluster):
