@@ -83,7 +83,11 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="lmc-redis-")
         self.extra = list(extra)
         self.proc = None
-        self.start()
+        try:
+            self.start()
+        except Exception:
+            self.close()
+            raise
 
     @property
     def uri(self):
@@ -134,11 +138,15 @@ class RedisCluster:
             p = free_port()
             if p + 10000 <= 65535 and p not in ports and _port_free(p + 10000):
                 ports.append(p)
-        self.nodes = [RedisServer(port=p, extra=["--cluster-enabled", "yes",
-                                                 "--cluster-config-file", "nodes-%d.conf" % p,
-                                                 "--cluster-node-timeout", "5000",
-                                                 "--cluster-require-full-coverage", "no"])
-                      for p in ports]
+        self.nodes = []
+        try:
+            for p in ports:
+                self.nodes.append(RedisServer(port=p, extra=[
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes-%d.conf" % p,
+                    "--cluster-node-timeout", "5000", "--cluster-require-full-coverage", "no"]))
+        except Exception:
+            self.close()
+            raise
         r = subprocess.run(["redis-cli", "--cluster", "create"] +
                            ["127.0.0.1:%d" % p for p in ports] +
                            ["--cluster-replicas", "0", "--cluster-yes"],
