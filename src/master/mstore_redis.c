@@ -28,6 +28,7 @@
 #include "base/metrics.h"
 #include "master/mstore.h"
 #include "master/mstore_match.h"
+#include "master/mstore_redis_batch.h"
 #include "master/mstore_redis_internal.h"
 
 static const char *const OP_NAMES[] = {"RegisterClient",
@@ -48,30 +49,6 @@ static const char *const OP_NAMES[] = {"RegisterClient",
                                        "GetExternalKvCount",
                                        "BatchLookupBlockForRouteGet",
                                        "BatchExistsBlock"};
-enum {
-    OP_REGISTER,
-    OP_UNREGISTER,
-    OP_HEARTBEAT,
-    OP_EXPIRE,
-    OP_ALIVE_COUNT,
-    OP_STATUS,
-    OP_TAGS,
-    OP_LIST_ALIVE,
-    OP_XREPORT,
-    OP_XREVOKE,
-    OP_XREVOKE_TIER,
-    OP_XREVOKE_NODE,
-    OP_MATCH,
-    OP_HITS,
-    OP_HIT_GC,
-    OP_XCOUNT,
-    OP_ROUTE_GET,
-    OP_EXISTS,
-    OP_COUNT
-};
-_Static_assert(OP_COUNT <= sizeof(((struct rstore *)0)->m_lat) / sizeof(struct metric *),
-               "m_lat holds every operation");
-
 /* ---- interned node ids (stable pointers for struct mstore_loc / match results) ---- */
 
 static uint64_t ident_hash(const struct htab_node *n, void *arg) {
@@ -79,7 +56,7 @@ static uint64_t ident_hash(const struct htab_node *n, void *arg) {
     return HTAB_ENTRY(n, struct ident, hn)->h;
 }
 
-static const char *intern(struct rstore *r, const char *p, size_t n, uint32_t *idx) {
+const char *rs_intern(struct rstore *r, const char *p, size_t n, uint32_t *idx) {
     uint64_t h = fnv1a64(p, n);
     const char *out = NULL;
     pthread_mutex_lock(&r->imu);
@@ -111,161 +88,6 @@ static const char *intern(struct rstore *r, const char *p, size_t n, uint32_t *i
 done:
     pthread_mutex_unlock(&r->imu);
     return out;
-}
-
-/* ---- command batches: every argument copied into one buffer, sent as one pipeline ---- */
-
-static void b_free(struct batch *b) {
-    rs_arena_free(&b->arena);
-    free(b->buf);
-    free(b->aoff);
-    free(b->alen);
-    free(b->c);
-    memset(b, 0, sizeof(*b));
-}
-
-static void b_put(struct batch *b, const void *p, size_t n) {
-    if (b->oom) return;
-    if (b->blen + n > b->bcap) {
-        size_t nc = b->bcap ? b->bcap : 4096;
-        while (nc < b->blen + n) nc *= 2;
-        char *nb = realloc(b->buf, nc);
-        if (!nb) {
-            b->oom = true;
-            return;
-        }
-        b->buf = nb;
-        b->bcap = nc;
-    }
-    if (n) memcpy(b->buf + b->blen, p, n);
-    b->blen += n;
-}
-
-static void b_puts(struct batch *b, const char *s) { b_put(b, s, strlen(s)); }
-
-static void b_end(struct batch *b) {
-    if (b->oom) return;
-    if (b->na == b->acap) {
-        size_t nc = b->acap ? b->acap * 2 : 64;
-        size_t *o = realloc(b->aoff, nc * sizeof(*o));
-        if (o) b->aoff = o;
-        size_t *l = realloc(b->alen, nc * sizeof(*l));
-        if (l) b->alen = l;
-        if (!o || !l) {
-            b->oom = true;
-            return;
-        }
-        b->acap = nc;
-    }
-    b->aoff[b->na] = b->astart;
-    b->alen[b->na] = b->blen - b->astart;
-    b->na++;
-    b->c[b->nc - 1].argc++;
-    b->astart = b->blen;
-}
-
-static void b_arg(struct batch *b, const void *p, size_t n) {
-    b_put(b, p, n);
-    b_end(b);
-}
-
-static void b_str(struct batch *b, const char *s) { b_arg(b, s, strlen(s)); }
-
-static void b_u64(struct batch *b, uint64_t v) {
-    char t[24];
-    int n = snprintf(t, sizeof(t), "%llu", (unsigned long long)v);
-    b_arg(b, t, (size_t)n);
-}
-
-static void b_i64(struct batch *b, int64_t v) {
-    char t[24];
-    int n = snprintf(t, sizeof(t), "%lld", (long long)v);
-    b_arg(b, t, (size_t)n);
-}
-
-/* Room for ncmd commands, nargs arguments and bytes of them, so that a large batch does
- * not grow by doubling (false on no memory: the batch is then marked so). */
-static void b_reserve(struct batch *b, size_t ncmd, size_t nargs, size_t bytes) {
-    if (b->oom) return;
-    if (ncmd > b->ccap) {
-        struct bcmd *c = realloc(b->c, ncmd * sizeof(*c));
-        if (c) {
-            b->c = c;
-            b->ccap = ncmd;
-        }
-    }
-    if (nargs > b->acap) {
-        size_t *o = realloc(b->aoff, nargs * sizeof(*o));
-        if (o) b->aoff = o;
-        size_t *l = o ? realloc(b->alen, nargs * sizeof(*l)) : NULL;
-        if (l) {
-            b->alen = l;
-            b->acap = nargs;
-        }
-    }
-    if (bytes > b->bcap) {
-        char *nb = realloc(b->buf, bytes);
-        if (nb) {
-            b->buf = nb;
-            b->bcap = bytes;
-        }
-    }
-}
-
-/* Starts a command: a plain one (name) or a script call with numkeys keys to follow, for
- * the endpoint of route (a shard, or ROUTE_CTL for the control keys). */
-static void b_cmd(struct batch *b, uint32_t route, const char *name, int script, size_t numkeys) {
-    if (b->oom) return;
-    if (b->nc == b->ccap) {
-        size_t nc = b->ccap ? b->ccap * 2 : 8;
-        struct bcmd *c = realloc(b->c, nc * sizeof(*c));
-        if (!c) {
-            b->oom = true;
-            return;
-        }
-        b->c = c;
-        b->ccap = nc;
-    }
-    b->c[b->nc++] = (struct bcmd){.a0 = b->na, .script = script, .route = route};
-    b->astart = b->blen;
-    if (script >= 0) {
-        b_str(b, "EVALSHA");
-        b_str(b, ""); /* the SHA, filled in at send time */
-        b_u64(b, numkeys);
-    } else {
-        b_str(b, name);
-    }
-}
-
-static int run(struct rstore *r, struct batch *b) { return rs_run(r, b, NULL); }
-
-/* ---- key names ---- */
-
-static uint32_t shard_of(const struct rstore *r, const void *p, size_t n) {
-    return r->nshards == 1 ? 0 : fnv1a32(p, n) % r->nshards;
-}
-
-static void b_node_key(struct batch *b, const struct rstore *r, const char *id) {
-    b_puts(b, r->ctl);
-    b_puts(b, ":node:");
-    b_puts(b, id);
-    b_end(b);
-}
-
-static void b_shard_key(struct batch *b, const struct rstore *r, uint32_t s, const char *mid,
-                        const void *p, size_t n, const char *tail) {
-    b_puts(b, r->tag[s]);
-    b_puts(b, mid);
-    b_put(b, p, n);
-    if (tail) b_puts(b, tail);
-    b_end(b);
-}
-
-static void b_control_keys(struct batch *b, const struct rstore *r, const char *id) {
-    b_node_key(b, r, id);
-    b_str(b, r->k_alive);
-    b_str(b, r->k_peers);
-    b_str(b, r->k_expired);
 }
 
 /* ---- encodings of the node record ---- */
@@ -353,22 +175,6 @@ static int parse_tags(const char *s, size_t n, char ***out, size_t *nout) {
     return 0;
 }
 
-/* ---- timing ---- */
-
-#define OP_BEGIN(r) uint64_t op_t0_ = (r)->m_lat[0] ? clock_mono_ns() : 0
-#define OP_END(r, op)                                                                              \
-    do {                                                                                           \
-        if ((r)->m_lat[op])                                                                        \
-            metric_observe((r)->m_lat[op], (double)(clock_mono_ns() - op_t0_) / 1e9);              \
-    } while (0)
-
-static long long rep_int(const redisReply *rep) {
-    if (!rep) return 0;
-    if (rep->type == REDIS_REPLY_INTEGER) return rep->integer;
-    if (rep->type == REDIS_REPLY_STRING) return strtoll(rep->str, NULL, 10);
-    return 0;
-}
-
 /* ---- clients ---- */
 
 static int rs_register(struct mstore *s, const struct mstore_reg *g, int64_t now,
@@ -396,7 +202,7 @@ static int rs_register(struct mstore *s, const struct mstore_reg *g, int64_t now
  * trip per endpoint), again while a step still found entries; a bounded chunk per script so
  * that a large node never holds Redis for long. In split modes a failed shard keeps its
  * entries of the node (best effort). */
-static void wipe_node(struct rstore *r, const char *id, bool blocks, bool extkv) {
+void rs_wipe_node(struct rstore *r, const char *id, bool blocks, bool extkv) {
     size_t idl = strlen(id);
     uint32_t nw = 2 * r->nshards;
     bool *more = malloc(nw * sizeof(bool));
@@ -444,7 +250,7 @@ static bool rs_unregister(struct mstore *s, const char *node_id) {
     b_str(&b, node_id);
     bool had = run(r, &b) == 0 && rep_int(b.c[0].rep) == 1;
     b_free(&b);
-    if (had) wipe_node(r, node_id, true, true);
+    if (had) rs_wipe_node(r, node_id, true, true);
     OP_END(r, OP_UNREGISTER);
     return had;
 }
@@ -498,7 +304,7 @@ static enum mstore_hb rs_heartbeat(struct mstore *s, const char *node_id, uint64
     if (res == MSTORE_HB_APPLIED) {
         /* The rest in bounded chunks, in order; a full sync first wipes the node's blocks.
          * Readers may see a chunk boundary (as readers of the reference see shard ones). */
-        if (full) wipe_node(r, node_id, true, false);
+        if (full) rs_wipe_node(r, node_id, true, false);
         /* Every shard's chunks in one batch: one round trip per endpoint, a shard's chunks in
          * order on one connection. */
         bool shard_failed = false;
@@ -570,13 +376,13 @@ static size_t rs_expire(struct mstore *s, int64_t cutoff, int64_t forget_before,
     b_free(&b);
     for (size_t i = 0; i < nex; i++) {
         if (ex[i]) {
-            wipe_node(r, ex[i], true, true);
+            rs_wipe_node(r, ex[i], true, true);
             if (fn) fn(ex[i], arg);
         }
         free(ex[i]);
     }
     for (size_t i = 0; i < nfg; i++) {
-        if (fg[i]) wipe_node(r, fg[i], true, true);
+        if (fg[i]) rs_wipe_node(r, fg[i], true, true);
         free(fg[i]);
     }
     free(ex);
@@ -645,7 +451,7 @@ static int rs_list_alive(struct mstore *s, struct mstore_alive **out, size_t *n)
         for (size_t i = 0; v && i < cnt; i++) {
             redisReply *id = a->element[3 * i], *peer = a->element[3 * i + 1],
                        *caps = a->element[3 * i + 2];
-            v[i].node_id = intern(r, id->str, id->len, &v[i].node);
+            v[i].node_id = rs_intern(r, id->str, id->len, &v[i].node);
             v[i].peer_address = strndup(peer->str ? peer->str : "", peer->len);
             parse_caps(caps->str ? caps->str : "", caps->len, &v[i].caps);
             if (!v[i].node_id || !v[i].peer_address) rc = -1;
@@ -661,458 +467,6 @@ static int rs_list_alive(struct mstore *s, struct mstore_alive **out, size_t *n)
     b_free(&b);
     OP_END(r, OP_LIST_ALIVE);
     return rc;
-}
-
-/* ---- external KV ---- */
-
-static void b_ext_triples(struct batch *b, struct rstore *r, const char *node, char *const *h,
-                          size_t n) {
-    size_t idl = strlen(node);
-    for (size_t i = 0; i < n; i++) {
-        size_t hl = strlen(h[i]);
-        uint32_t sh = shard_of(r, h[i], hl);
-        b_shard_key(b, r, sh, ":extkv:", h[i], hl, NULL);
-        b_shard_key(b, r, sh, ":extkv:node:", node, idl, NULL);
-        b_shard_key(b, r, sh, ":extkv_count", "", 0, NULL);
-    }
-}
-
-/* Reports and revokes go in chunks of MSTORE_REDIS_CHUNK hashes, all chunks in one batch:
- * one round trip per endpoint, and no script runs longer than a chunk. */
-static int ext_write(struct rstore *r, int script, const char *node, char *const *hashes, size_t n,
-                     int tier) {
-    if (r->split && script == S_EXT_REPORT) {
-        /* The alive gate on the control endpoint, then the shards' writes (a node that
-         * expires in between may get this one report in: the reference's window too). */
-        struct batch g = {0};
-        b_cmd(&g, ROUTE_CTL, "SISMEMBER", -1, 0);
-        b_str(&g, r->k_alive);
-        b_str(&g, node);
-        int alive = run(r, &g) ? -1 : (int)rep_int(g.c[0].rep);
-        b_free(&g);
-        if (alive <= 0) return alive;
-    }
-    char **part = malloc((n + 1) * sizeof(char *));
-    if (!part) {
-        rs_set_err(r, "out of memory");
-        return -1;
-    }
-    struct batch b = {0};
-    for (uint32_t sh = 0; sh < (r->split ? r->nshards : 1); sh++) {
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++)
-            if (!r->split || shard_of(r, hashes[i], strlen(hashes[i])) == sh) part[m++] = hashes[i];
-        for (size_t i = 0; i < m; i += MSTORE_REDIS_CHUNK) {
-            size_t k = m - i < MSTORE_REDIS_CHUNK ? m - i : MSTORE_REDIS_CHUNK;
-            /* KEYS: the alive set (the gate, single mode), else the shard's count key,
-             * which routes the call (cluster). */
-            bool gate = script == S_EXT_REPORT && !r->split;
-            b_cmd(&b, sh, NULL, script, 1);
-            if (gate)
-                b_str(&b, r->k_alive);
-            else
-                b_shard_key(&b, r, sh, ":extkv_count", "", 0, NULL);
-            b_str(&b, node);
-            b_u64(&b, 1ull << tier);
-            if (script == S_EXT_REPORT) b_str(&b, gate ? "1" : "0");
-            b_ext_triples(&b, r, node, part + i, k);
-        }
-    }
-    int rc = 1;
-    if (run(r, &b))
-        rc = -1;
-    else if (script == S_EXT_REPORT)
-        for (size_t i = 0; i < b.nc; i++)
-            if (rep_int(b.c[i].rep) == 0) rc = 0;
-    b_free(&b);
-    free(part);
-    return rc;
-}
-
-static int rs_ext_report(struct mstore *s, const char *node_id, char *const *hashes, size_t n,
-                         int tier) {
-    struct rstore *r = RS(s);
-    OP_BEGIN(r);
-    int rc = ext_write(r, S_EXT_REPORT, node_id, hashes, n, tier);
-    if (rc < 0) rc = 0; /* the failure is recorded: the RPC answers UNAVAILABLE */
-    OP_END(r, OP_XREPORT);
-    return rc;
-}
-
-static void rs_ext_revoke(struct mstore *s, const char *node_id, char *const *hashes, size_t n,
-                          int tier) {
-    struct rstore *r = RS(s);
-    OP_BEGIN(r);
-    ext_write(r, S_EXT_REVOKE, node_id, hashes, n, tier);
-    OP_END(r, OP_XREVOKE);
-}
-
-/* One SSCAN-style step per shard in one batch, again for the shards whose cursor is not
- * back at "0". step adds shard sh's command with its cursor; the reply is {cursor, n} or a
- * bare cursor. Returns the sum of the n. */
-static size_t scan_shards(struct rstore *r, const char *method,
-                          void (*step)(struct batch *, struct rstore *, uint32_t, const char *,
-                                       const void *),
-                          const void *arg) {
-    char(*cur)[32] = calloc(r->nshards, sizeof(*cur));
-    uint32_t *which = malloc(r->nshards * sizeof(uint32_t));
-    size_t total = 0;
-    if (!cur || !which) {
-        rs_set_err(r, "out of memory");
-        goto out;
-    }
-    for (uint32_t sh = 0; sh < r->nshards; sh++) snprintf(cur[sh], sizeof(cur[sh]), "0");
-    for (bool start = true;; start = false) {
-        struct batch b = {0};
-        for (uint32_t sh = 0; sh < r->nshards; sh++) {
-            if (!start && strcmp(cur[sh], "0") == 0) continue;
-            which[b.nc] = sh;
-            step(&b, r, sh, cur[sh], arg);
-        }
-        if (!b.nc) break;
-        bool ok = rs_run(r, &b, r->split ? method : NULL) == 0;
-        for (size_t i = 0; i < b.nc; i++) {
-            redisReply *rep = ok ? b.c[i].rep : NULL;
-            char *c = cur[which[i]];
-            if (rep && rep->type == REDIS_REPLY_STRING) {
-                snprintf(c, 32, "%s", rep->str);
-            } else if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
-                       rep->element[0]->type == REDIS_REPLY_STRING) {
-                snprintf(c, 32, "%s", rep->element[0]->str);
-                total += (size_t)rep_int(rep->element[1]);
-            } else {
-                snprintf(c, 32, "0");
-            }
-        }
-        b_free(&b);
-    }
-out:
-    free(cur);
-    free(which);
-    return total;
-}
-
-struct tier_arg {
-    const char *node;
-    int tier;
-};
-
-static void revoke_tier_step(struct batch *b, struct rstore *r, uint32_t sh, const char *cursor,
-                             const void *arg) {
-    const struct tier_arg *a = arg;
-    b_cmd(b, sh, NULL, S_EXT_REVOKE_TIER, 2);
-    b_shard_key(b, r, sh, ":extkv:node:", a->node, strlen(a->node), NULL);
-    b_shard_key(b, r, sh, ":extkv_count", "", 0, NULL);
-    b_str(b, a->node);
-    b_u64(b, 1ull << a->tier);
-    b_str(b, cursor);
-    b_u64(b, MSTORE_REDIS_CHUNK);
-}
-
-static void rs_ext_revoke_tier(struct mstore *s, const char *node_id, int tier) {
-    struct rstore *r = RS(s);
-    OP_BEGIN(r);
-    struct tier_arg a = {node_id, tier};
-    scan_shards(r, NULL, revoke_tier_step, &a);
-    OP_END(r, OP_XREVOKE_TIER);
-}
-
-static void rs_ext_revoke_node(struct mstore *s, const char *node_id) {
-    struct rstore *r = RS(s);
-    OP_BEGIN(r);
-    wipe_node(r, node_id, false, true);
-    OP_END(r, OP_XREVOKE_NODE);
-}
-
-/* A node name of a reply, interned once per call. */
-struct mnode {
-    uint32_t node;
-    const redisReply *name, *peer;
-};
-
-/* The peer of an ALIVE node from an HGETALL of the alive-peers map ("" when absent). */
-static const redisReply *peer_in(const redisReply *peers, const char *id) {
-    size_t idl = strlen(id);
-    for (size_t k = 0; peers && peers->type == REDIS_REPLY_ARRAY && k + 1 < peers->elements;
-         k += 2) {
-        const redisReply *pk = peers->element[k], *pv = peers->element[k + 1];
-        if (pk->len == idl && memcmp(pk->str, id, idl) == 0 && pv->type == REDIS_REPLY_STRING)
-            return pv;
-    }
-    return NULL;
-}
-
-static bool push_hit(struct mstore_hitrec **h, size_t *nh, size_t *hcap, struct mstore_hitrec x) {
-    if (*nh == *hcap) {
-        struct mstore_hitrec *nw = realloc(*h, 2 * *hcap * sizeof(**h));
-        if (!nw) return false;
-        *h = nw;
-        *hcap *= 2;
-    }
-    (*h)[(*nh)++] = x;
-    return true;
-}
-
-/* One round trip per endpoint: without count_as_hit a pipeline of plain HGETALLs, each to
- * its shard's endpoint (Redis runs them several times faster than the same reads inside a
- * script), plus the ALIVE peer map from the control endpoint; with count_as_hit one match
- * script per shard touched (hit counting fused in), and in split modes the peer map in the
- * same round. */
-static int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n,
-                        bool count_as_hit, int64_t now, struct mstore_match *mt) {
-    struct rstore *r = RS(s);
-    OP_BEGIN(r);
-    memset(mt, 0, sizeof(*mt));
-    if (!n) return 0;
-    int rc = -1;
-    bool *first = malloc(n * sizeof(bool));
-    uint64_t *hv = malloc(n * sizeof(uint64_t));
-    uint32_t *sh = malloc(n * sizeof(uint32_t));
-    uint32_t *cnt = calloc(r->nshards, sizeof(uint32_t));
-    uint32_t *cmdof = malloc(r->nshards * sizeof(uint32_t));
-    const char **cur = calloc(r->nshards, sizeof(*cur));
-    size_t *tab0 = calloc(r->nshards + 1, sizeof(size_t));
-    size_t hcap = 64, nh = 0, ntab = 0, tcap = 64;
-    struct mstore_hitrec *h = malloc(hcap * sizeof(*h));
-    struct mnode *tab = NULL;
-    struct batch b = {0};
-    if (!first || !hv || !sh || !cnt || !cmdof || !cur || !tab0 || !h ||
-        mstore_match_dedup(keys, n, hv, first))
-        goto out;
-    for (size_t i = 0; i < n; i++)
-        if (first[i]) {
-            sh[i] = shard_of(r, keys[i].p, keys[i].n);
-            cnt[sh[i]]++;
-        }
-    bool plain = !count_as_hit;
-    size_t kbytes = 0;
-    for (size_t i = 0; i < n; i++) kbytes += keys[i].n + 48;
-    b_reserve(&b, n + r->nshards + 2, 2 * n + 8 * r->nshards + 8, 2 * kbytes + 512);
-    for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
-        cmdof[s2] = UINT32_MAX;
-        if (plain || !cnt[s2]) continue;
-        cmdof[s2] = (uint32_t)b.nc;
-        b_cmd(&b, s2, NULL, S_MATCH, count_as_hit ? 2 * (size_t)cnt[s2] + 1 : cnt[s2]);
-        for (size_t i = 0; i < n; i++)
-            if (first[i] && sh[i] == s2)
-                b_shard_key(&b, r, s2, ":extkv:", keys[i].p, keys[i].n, NULL);
-        if (count_as_hit) {
-            for (size_t i = 0; i < n; i++)
-                if (first[i] && sh[i] == s2)
-                    b_shard_key(&b, r, s2, ":hit:", keys[i].p, keys[i].n, NULL);
-            b_shard_key(&b, r, s2, ":hit:index", "", 0, NULL);
-        }
-        b_u64(&b, cnt[s2]);
-        b_str(&b, count_as_hit ? "1" : "0");
-        b_i64(&b, now);
-        b_str(&b, r->split ? "" : r->k_peers); /* split: the peers are not on the shard */
-    }
-    for (size_t i = 0; plain && i < n; i++)
-        if (first[i]) {
-            b_cmd(&b, sh[i], "HGETALL", -1, 0);
-            b_shard_key(&b, r, sh[i], ":extkv:", keys[i].p, keys[i].n, NULL);
-        }
-    size_t pcmd = b.nc;
-    if (plain || r->split) {
-        b_cmd(&b, ROUTE_CTL, "HGETALL", -1, 0);
-        b_str(&b, r->k_peers);
-    }
-    if (rs_run(r, &b, r->split ? "MatchExternalKv" : NULL)) {
-        rc = 0; /* recorded: the RPC answers UNAVAILABLE */
-        goto out;
-    }
-    const redisReply *peers = pcmd < b.nc ? b.c[pcmd].rep : NULL;
-    tab = calloc(tcap, sizeof(*tab));
-    if (!tab) goto out;
-    if (plain) {
-        /* Node names interned once per call through a small cache. */
-        size_t c = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!first[i]) continue;
-            const redisReply *e = b.c[c++].rep; /* NULL: a failed shard (split modes) */
-            for (size_t j = 0; e && e->type == REDIS_REPLY_ARRAY && j + 1 < e->elements; j += 2) {
-                const redisReply *nm = e->element[j];
-                const redisReply *tv = e->element[j + 1];
-                uint8_t tiers = (uint8_t)((tv->type == REDIS_REPLY_STRING && tv->len == 1
-                                               ? (uint8_t)(tv->str[0] - '0')
-                                               : rep_int(tv)) &
-                                          0xf);
-                if (!tiers || nm->type != REDIS_REPLY_STRING) continue;
-                /* tab as a 64-slot open-addressing cache keyed by the name's hash. */
-                uint32_t node = UINT32_MAX, x = fnv1a32(nm->str, nm->len) & 63;
-                for (size_t probe = 0; probe < 64; probe++, x = (x + 1) & 63) {
-                    const struct mnode *t = &tab[x];
-                    if (!t->name) break;
-                    if (t->name->len == nm->len && memcmp(t->name->str, nm->str, nm->len) == 0) {
-                        node = t->node;
-                        break;
-                    }
-                }
-                if (node == UINT32_MAX) {
-                    if (!intern(r, nm->str, nm->len, &node)) goto out;
-                    if (!tab[x].name) tab[x] = (struct mnode){node, nm, NULL};
-                }
-                if (!push_hit(&h, &nh, &hcap, (struct mstore_hitrec){(uint32_t)i, node, tiers}))
-                    goto out;
-            }
-        }
-    } else {
-        /* Each shard's reply: its node table {name, peer, ...}, interned once, and one
-         * string of codes per key ((node number) * 16 + tier mask). */
-        for (uint32_t s2 = 0; s2 < r->nshards; s2++) {
-            tab0[s2] = ntab;
-            const redisReply *a = cmdof[s2] != UINT32_MAX ? b.c[cmdof[s2]].rep : NULL;
-            if (!a || a->type != REDIS_REPLY_ARRAY || a->elements != 2 ||
-                a->element[0]->type != REDIS_REPLY_ARRAY ||
-                a->element[1]->type != REDIS_REPLY_STRING)
-                continue; /* a failed shard (split modes): misses */
-            const redisReply *nv = a->element[0];
-            for (size_t j = 0; j + 1 < nv->elements; j += 2) {
-                if (ntab == tcap) {
-                    struct mnode *nw = realloc(tab, 2 * tcap * sizeof(*tab));
-                    if (!nw) goto out;
-                    tab = nw;
-                    tcap *= 2;
-                }
-                struct mnode *t = &tab[ntab++];
-                t->name = nv->element[j];
-                t->peer = nv->element[j + 1];
-                if (!intern(r, t->name->str, t->name->len, &t->node)) goto out;
-            }
-            cur[s2] = a->element[1]->str;
-        }
-        tab0[r->nshards] = ntab;
-        for (size_t i = 0; i < n; i++) {
-            if (!first[i] || !cur[sh[i]]) continue;
-            const char *p = cur[sh[i]];
-            size_t lo = tab0[sh[i]], hi = tab0[sh[i] + 1];
-            while (*p && *p != ';') {
-                char *end;
-                unsigned long long code = strtoull(p, &end, 10);
-                if (end == p) break;
-                p = *end == ',' ? end + 1 : end;
-                size_t k = lo + (size_t)(code / 16);
-                uint8_t tiers = (uint8_t)(code % 16);
-                if (k >= hi || !tiers) continue;
-                if (!push_hit(&h, &nh, &hcap,
-                              (struct mstore_hitrec){(uint32_t)i, tab[k].node, tiers}))
-                    goto out;
-            }
-            cur[sh[i]] = *p == ';' ? p + 1 : p;
-        }
-    }
-    if (mstore_match_group(h, nh, mt)) goto out;
-    rc = 0;
-    for (uint32_t i = 0; i < mt->nnodes; i++) {
-        struct mstore_match_node *mn = &mt->nodes[i];
-        pthread_mutex_lock(&r->imu);
-        mn->node_id = r->ids[mn->node]->id;
-        pthread_mutex_unlock(&r->imu);
-        /* The peer from the ALIVE map, or (one endpoint, script) from the shard's table. */
-        const redisReply *pv = peers ? peer_in(peers, mn->node_id) : NULL;
-        for (size_t k = 0; !peers && k < ntab && !pv; k++)
-            if (tab[k].node == mn->node && tab[k].peer && tab[k].peer->type == REDIS_REPLY_STRING)
-                pv = tab[k].peer;
-        mn->peer_address = pv ? strndup(pv->str, pv->len) : strdup("");
-        if (!mn->peer_address) rc = -1;
-        mstore_match_compact(mn);
-    }
-out:
-    if (rc) mstore_match_free(mt);
-    b_free(&b);
-    free(tab);
-    free(tab0);
-    free(h);
-    free(first);
-    free(hv);
-    free(sh);
-    free(cnt);
-    free(cmdof);
-    free(cur);
-    OP_END(r, OP_MATCH);
-    return rc;
-}
-
-static int rs_hit_counts(struct mstore *s, char *const *hashes, size_t n, struct mstore_hit **out,
-                         size_t *nout) {
-    struct rstore *r = RS(s);
-    OP_BEGIN(r);
-    *out = NULL;
-    *nout = 0;
-    if (!n) return 0;
-    struct mstore_key *keys = malloc(n * sizeof(*keys));
-    uint32_t *where = malloc(n * sizeof(uint32_t)); /* command of key i */
-    uint64_t *hv = malloc(n * sizeof(uint64_t));
-    bool *first = malloc(n * sizeof(bool));
-    struct batch b = {0};
-    int rc = -1;
-    if (!keys || !where || !hv || !first) goto out;
-    for (size_t i = 0; i < n; i++) keys[i] = (struct mstore_key){hashes[i], strlen(hashes[i])};
-    if (mstore_match_dedup(keys, n, hv, first)) goto out;
-    for (size_t i = 0; i < n; i++)
-        if (first[i]) {
-            uint32_t sh = shard_of(r, keys[i].p, keys[i].n);
-            where[i] = (uint32_t)b.nc;
-            b_cmd(&b, sh, "HGET", -1, 0);
-            b_shard_key(&b, r, sh, ":hit:", keys[i].p, keys[i].n, NULL);
-            b_str(&b, "c");
-        }
-    if (rs_run(r, &b, r->split ? "GetExternalKvHitCounts" : NULL)) {
-        rc = 0; /* recorded */
-        goto out;
-    }
-    struct mstore_hit *v = malloc((n + 1) * sizeof(*v));
-    if (!v) goto out;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const redisReply *rep = first[i] ? b.c[where[i]].rep : NULL;
-        if (rep && rep->type == REDIS_REPLY_STRING)
-            v[k++] = (struct mstore_hit){(uint32_t)i, strtoull(rep->str, NULL, 10)};
-    }
-    *out = v;
-    *nout = k;
-    rc = 0;
-out:
-    b_free(&b);
-    free(where);
-    free(hv);
-    free(first);
-    free(keys);
-    OP_END(r, OP_HITS);
-    return rc;
-}
-
-static void hit_gc_step(struct batch *b, struct rstore *r, uint32_t sh, const char *cursor,
-                        const void *arg) {
-    b_cmd(b, sh, NULL, S_HIT_GC, 1);
-    b_shard_key(b, r, sh, ":hit:index", "", 0, NULL);
-    b_str(b, cursor);
-    b_i64(b, *(const int64_t *)arg);
-    b_u64(b, MSTORE_REDIS_CHUNK);
-}
-
-static size_t rs_hit_gc(struct mstore *s, int64_t cutoff) {
-    struct rstore *r = RS(s);
-    OP_BEGIN(r);
-    size_t total = scan_shards(r, NULL, hit_gc_step, &cutoff);
-    OP_END(r, OP_HIT_GC);
-    return total;
-}
-
-static size_t rs_ext_count(struct mstore *s) {
-    struct rstore *r = RS(s);
-    OP_BEGIN(r);
-    struct batch b = {0};
-    long long total = 0;
-    for (uint32_t sh = 0; sh < r->nshards; sh++) {
-        b_cmd(&b, sh, "GET", -1, 0);
-        b_shard_key(&b, r, sh, ":extkv_count", "", 0, NULL);
-    }
-    if (rs_run(r, &b, r->split ? "GetExternalKvCount" : NULL) == 0)
-        for (size_t i = 0; i < b.nc; i++) total += rep_int(b.c[i].rep);
-    b_free(&b);
-    OP_END(r, OP_XCOUNT);
-    return total > 0 ? (size_t)total : 0;
 }
 
 /* ---- block index ---- */
@@ -1207,7 +561,7 @@ static int rs_route_get(struct mstore *s, char *const *keys, size_t n, char *con
         }
         for (size_t j = 0; j < k; j++) {
             struct mstore_loc *l = &locs[i][j];
-            l->node_id = intern(r, e->element[3 * j]->str, e->element[3 * j]->len, &l->node);
+            l->node_id = rs_intern(r, e->element[3 * j]->str, e->element[3 * j]->len, &l->node);
             if (!l->node_id) rc = -1;
             l->tier = (int)rep_int(e->element[3 * j + 1]);
             l->size = strtoull(e->element[3 * j + 2]->str, NULL, 10);

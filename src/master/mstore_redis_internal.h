@@ -158,6 +158,24 @@ uint16_t rs_tag_slot(const char *key);
 uint32_t rs_slot_owner(struct rstore *r, uint16_t slot);
 uint32_t rs_cluster_masters(struct rstore *r, uint32_t *out, uint32_t max);
 void rs_conn_fini(struct rstore *r);
+
+/* mstore_redis.c: a node id interned for the store's lifetime (stable pointer, its index in
+ * idx; NULL on no memory); a node's blocks and/or external-KV entries dropped shard by
+ * shard in bounded chunks. */
+const char *rs_intern(struct rstore *r, const char *p, size_t n, uint32_t *idx);
+void rs_wipe_node(struct rstore *r, const char *id, bool blocks, bool extkv);
+
+/* mstore_redis_xkv.c: the external-KV operations of the vtable (mstore.h). */
+int rs_ext_report(struct mstore *s, const char *node_id, char *const *hashes, size_t n, int tier);
+void rs_ext_revoke(struct mstore *s, const char *node_id, char *const *hashes, size_t n, int tier);
+void rs_ext_revoke_tier(struct mstore *s, const char *node_id, int tier);
+void rs_ext_revoke_node(struct mstore *s, const char *node_id);
+int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n, bool count_as_hit,
+                 int64_t now, struct mstore_match *mt);
+int rs_hit_counts(struct mstore *s, char *const *hashes, size_t n, struct mstore_hit **out,
+                  size_t *nout);
+size_t rs_hit_gc(struct mstore *s, int64_t cutoff);
+size_t rs_ext_count(struct mstore *s);
 void rs_metrics_init(struct rstore *r, struct metrics *m);
 
 #endif
