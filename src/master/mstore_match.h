@@ -17,7 +17,7 @@ struct mstore_hitrec {
 };
 
 /* first[i] is true for the first occurrence of each distinct key; hv[i] is the key's hash
- * (the in-memory store's, over at most 65535 bytes, as it stores keys). -1 on no memory. */
+ * (the in-memory store's, over the whole key, as its report computes it). -1 on no memory. */
 int mstore_match_dedup(const struct mstore_key *k, size_t n, uint64_t *hv, bool *first);
 
 /* Groups placements given in request order: nodes in order of first appearance, per node

@@ -254,8 +254,7 @@ int mstore_match_dedup(const struct mstore_key *k, size_t n, uint64_t *hv, bool 
     uint32_t *set = calloc(cap, sizeof(uint32_t));
     if (!set) return -1;
     for (size_t i = 0; i < n; i++) {
-        size_t kl = k[i].n > UINT16_MAX ? UINT16_MAX : k[i].n; /* as stored by report */
-        hv[i] = hkey(k[i].p, kl);
+        hv[i] = hkey(k[i].p, k[i].n); /* over the whole key, as report hashes it */
         first[i] = false;
         for (size_t j = hv[i] & (cap - 1);; j = (j + 1) & (cap - 1)) {
             uint32_t v = set[j];
@@ -264,8 +263,9 @@ int mstore_match_dedup(const struct mstore_key *k, size_t n, uint64_t *hv, bool 
                 first[i] = true;
                 break;
             }
-            size_t ol = k[v - 1].n > UINT16_MAX ? UINT16_MAX : k[v - 1].n;
-            if (hv[v - 1] == hv[i] && ol == kl && memcmp(k[v - 1].p, k[i].p, kl) == 0) break;
+            if (hv[v - 1] == hv[i] && k[v - 1].n == k[i].n &&
+                memcmp(k[v - 1].p, k[i].p, k[i].n) == 0)
+                break;
         }
     }
     free(set);

@@ -405,3 +405,19 @@ def test_hit_gc_on_every_replica(redis):
         assert redis.cli("SCARD", "{umbp:hitgc}:hit:index") == "0"
         # Placements are not hit counters: still there.
         assert [x.node_id for x in c.match_external_kv(["a", "b"])] == ["g"]
+
+
+@pytest.mark.parametrize("store", ["inmemory", "redis"])
+def test_hashes_longer_than_64k_match_and_count(store, redis):
+    """Report hashes the whole key; match and the hit query must find it the same way."""
+    env = redis_env("long", redis) if store == "redis" else {}
+    with Master(env=env) as m:
+        c = UMBPMasterClient(m.addr, node_id="ln", node_address="ln:1")
+        c.register_self({UMBPTierType.DRAM: (GB, GB)})
+        big = "x" * 70000
+        c.report_external_kv_blocks("ln", [big, "small"], UMBPTierType.DRAM)
+        got = c.match_external_kv([big, big, "small"], count_as_hit=True)
+        assert [(x.node_id, sorted(len(h) for h in x.hashes_by_tier[UMBPTierType.DRAM]))
+                for x in got] == [("ln", [5, 70000])]
+        assert {len(e.hash): e.hit_count_total
+                for e in c.get_external_kv_hit_counts([big, "small"])} == {70000: 1, 5: 1}
