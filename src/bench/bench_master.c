@@ -309,22 +309,39 @@ static double cpu_s(pid_t pid) {
 /* The server whose CPU time the next measurement reports (the master or the echo server). */
 static pid_t g_server;
 
+/* The redis-server processes the bench started (their CPU is reported beside the master's). */
+static pid_t g_redis[4];
+
 struct cpu_mark {
-    double server, client;
+    double server, client, redis;
 };
 
-static struct cpu_mark cpu_mark(void) { return (struct cpu_mark){cpu_s(g_server), cpu_s(0)}; }
+static struct cpu_mark cpu_mark(void) {
+    double rd = 0;
+    for (int i = 0; i < 4; i++)
+        if (g_redis[i]) rd += cpu_s(g_redis[i]);
+    return (struct cpu_mark){cpu_s(g_server), cpu_s(0), rd};
+}
 
 static void print_lat(const char *what, unsigned depth, size_t calls, double dt, uint64_t *lat,
                       struct cpu_mark c0, const char *extra) {
     struct cpu_mark c1 = cpu_mark();
     qsort(lat, calls, sizeof(*lat), cmp_u64);
-    char srv[32] = "?";
-    if (g_server) snprintf(srv, sizeof(srv), "%.0f", (c1.server - c0.server) / calls * 1e6);
+    char srv[32] = "?", rds[96] = "";
+    double sv = (c1.server - c0.server) / calls * 1e6, cl = (c1.client - c0.client) / calls * 1e6;
+    if (g_server) snprintf(srv, sizeof(srv), "%.0f", sv);
+    if (g_redis[0]) {
+        /* With everything on this machine, the CPU per call bounds the rate whatever else
+         * runs here: ncpu / (master + client + redis). */
+        double rd = (c1.redis - c0.redis) / calls * 1e6;
+        snprintf(rds, sizeof(rds), ", redis %.0f us (CPU-bound at %.0f calls/s on %ld cores)", rd,
+                 (double)sysconf(_SC_NPROCESSORS_ONLN) * 1e6 / (sv + cl + rd),
+                 sysconf(_SC_NPROCESSORS_ONLN));
+    }
     printf("| %s, concurrency %u | %.0f calls/s | p50 %.3f ms | p99 %.3f ms | CPU/call: server "
-           "%s us, client %.0f us |%s\n",
+           "%s us, client %.0f us%s |%s\n",
            what, depth, (double)calls / dt, (double)lat[calls / 2] / 1e6,
-           (double)lat[calls * 99 / 100] / 1e6, srv, (c1.client - c0.client) / calls * 1e6, extra);
+           (double)lat[calls * 99 / 100] / 1e6, srv, cl, rds, extra);
 }
 
 /* One load thread: either MatchExternalKv through a client, or raw calls to addr. */
@@ -522,7 +539,8 @@ static void run_echo(const char *const *hashes, size_t reply_bytes, size_t calls
 
 /* ---- --backend redis: a redis-server of our own (unless --redis-uri) and its memory ---- */
 
-static pid_t spawn_redis(int port, char *dir) {
+/* A redis-server on port with its files in dir (made here); cluster: --cluster-enabled. */
+static pid_t spawn_redis(int port, char *dir, bool cluster) {
     if (!mkdtemp(dir)) return 0;
     char portarg[16];
     snprintf(portarg, sizeof(portarg), "%d", port);
@@ -531,9 +549,20 @@ static pid_t spawn_redis(int port, char *dir) {
         if (prctl(PR_SET_PDEATHSIG, SIGTERM) || getppid() == 1) _exit(127);
         int fd = open("/dev/null", O_WRONLY);
         if (fd >= 0) dup2(fd, 1);
-        char *args[] = {"redis-server", "--port", portarg,  "--bind", "127.0.0.1",
-                        "--dir",        dir,      "--save", "",       "--appendonly",
-                        "no",           NULL};
+        char *args[] = {"redis-server",
+                        "--port",
+                        portarg,
+                        "--bind",
+                        "127.0.0.1",
+                        "--dir",
+                        dir,
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        cluster ? "--cluster-enabled" : NULL,
+                        "yes",
+                        NULL};
         execvp("redis-server", args);
         _exit(127);
     }
@@ -542,8 +571,52 @@ static pid_t spawn_redis(int port, char *dir) {
     return pid;
 }
 
+#define CLUSTER_NODES 3
+
+/* --backend redis-cluster: three masters made one cluster with redis-cli, all slots served.
+ * 0, or -1 (what is started is left for the caller to stop). */
+static int make_cluster(const int *ports, pid_t *pids, char (*dirs)[40]) {
+    for (int i = 0; i < CLUSTER_NODES; i++)
+        if (!(pids[i] = spawn_redis(ports[i], dirs[i], true))) return -1;
+    char a[CLUSTER_NODES][32];
+    char *args[8 + CLUSTER_NODES] = {"redis-cli", "--cluster", "create"};
+    int k = 3;
+    for (int i = 0; i < CLUSTER_NODES; i++) {
+        snprintf(a[i], sizeof(a[i]), "127.0.0.1:%d", ports[i]);
+        args[k++] = a[i];
+    }
+    args[k++] = "--cluster-replicas";
+    args[k++] = "0";
+    args[k++] = "--cluster-yes";
+    args[k] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0) dup2(fd, 1);
+        execvp("redis-cli", args);
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) return -1;
+    /* Every node agrees the cluster is up (gossip takes a moment). */
+    for (int tries = 0; tries < 400; tries++) {
+        int ok = 0;
+        for (int i = 0; i < CLUSTER_NODES; i++) {
+            struct timeval tv = {2, 0};
+            redisContext *c = redisConnectWithTimeout("127.0.0.1", ports[i], tv);
+            redisReply *r = c && !c->err ? redisCommand(c, "CLUSTER INFO") : NULL;
+            ok += r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+            if (r) freeReplyObject(r);
+            redisFree(c);
+        }
+        if (ok == CLUSTER_NODES) return 0;
+        usleep(50000);
+    }
+    return -1;
+}
+
 /* used_memory of the Redis at host:port in bytes, or -1. */
-static long long redis_used_memory(const char *host, int port) {
+static long long redis_used_memory1(const char *host, int port) {
     struct timeval tv = {2, 0};
     redisContext *c = redisConnectWithTimeout(host, port, tv);
     long long v = -1;
@@ -557,6 +630,21 @@ static long long redis_used_memory(const char *host, int port) {
     }
     redisFree(c);
     return v;
+}
+
+static int g_cports[CLUSTER_NODES];
+static bool g_cluster;
+
+/* The bench's Redis: one instance, or the sum over the cluster's masters. */
+static long long redis_used_memory(const char *host, int port) {
+    if (!g_cluster) return redis_used_memory1(host, port);
+    long long sum = 0;
+    for (int i = 0; i < CLUSTER_NODES; i++) {
+        long long v = redis_used_memory1("127.0.0.1", g_cports[i]);
+        if (v < 0) return -1;
+        sum += v;
+    }
+    return sum;
 }
 
 int bench_master_main(int argc, char **argv) {
@@ -579,9 +667,10 @@ int bench_master_main(int argc, char **argv) {
         else if (strcmp(argv[i], "--redis-uri") == 0 && i + 1 < argc)
             ruri = argv[++i];
         else {
-            fprintf(stderr, "usage: lmcache bench master [--entries N] [--calls N] "
-                            "[--threads N] [--master host:port] [--backend inmemory|redis] "
-                            "[--redis-uri tcp://host:port]\n");
+            fprintf(stderr,
+                    "usage: lmcache bench master [--entries N] [--calls N] "
+                    "[--threads N] [--master host:port] [--backend inmemory|redis|redis-cluster] "
+                    "[--redis-uri tcp://host:port]\n");
             return 2;
         }
     }
@@ -592,15 +681,41 @@ int bench_master_main(int argc, char **argv) {
                 MAX_THREADS);
         return 2;
     }
-    bool redis = strcmp(backend, "redis") == 0;
+    g_cluster = strcmp(backend, "redis-cluster") == 0;
+    bool redis = g_cluster || strcmp(backend, "redis") == 0;
     if (!redis && strcmp(backend, "inmemory") != 0) {
-        fprintf(stderr, "lmcache bench master: --backend inmemory or redis\n");
+        fprintf(stderr, "lmcache bench master: --backend inmemory, redis or redis-cluster\n");
         return 2;
     }
     char rhost[128] = "127.0.0.1", rdir[] = "/tmp/lmcache-bench-redis-XXXXXX", ruri_buf[160];
+    char cdirs[CLUSTER_NODES][40];
+    pid_t cpids[CLUSTER_NODES] = {0};
     int rport = 0;
     pid_t rpid = 0;
-    if (redis && !ext) {
+    if (g_cluster && !ext) {
+        /* Three masters of our own (the cluster bus listens on port + 10000). */
+        for (int i = 0; i < CLUSTER_NODES; i++) {
+            snprintf(cdirs[i], sizeof(cdirs[i]), "/tmp/lmcache-bench-rc-XXXXXX");
+            do g_cports[i] = free_port();
+            while (g_cports[i] > 55535 || (i && g_cports[i] == g_cports[i - 1]));
+        }
+        if (make_cluster(g_cports, cpids, cdirs)) {
+            fprintf(stderr, "lmcache bench master: cannot start a redis cluster\n");
+            for (int i = 0; i < CLUSTER_NODES; i++) stop_child(cpids[i]);
+            return 1;
+        }
+        rport = g_cports[0];
+        for (int i = 0; i < CLUSTER_NODES; i++) g_redis[i] = cpids[i];
+        snprintf(ruri_buf, sizeof(ruri_buf),
+                 "tcp://127.0.0.1:%d,tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", g_cports[0],
+                 g_cports[1], g_cports[2]);
+        char ns[64];
+        snprintf(ns, sizeof(ns), "bench-%d", (int)getpid());
+        setenv("UMBP_METADATA_BACKEND", "redis", 1);
+        setenv("UMBP_REDIS_CLUSTER", "1", 1);
+        setenv("UMBP_REDIS_URI", ruri_buf, 1);
+        setenv("UMBP_REDIS_NAMESPACE", ns, 1);
+    } else if (redis && !ext) {
         if (ruri) {
             const char *h = strncmp(ruri, "tcp://", 6) == 0 ? ruri + 6 : ruri;
             const char *colon = strrchr(h, ':');
@@ -608,10 +723,11 @@ int bench_master_main(int argc, char **argv) {
             rport = colon ? atoi(colon + 1) : 6379;
         } else {
             rport = free_port();
-            if (rport < 0 || !(rpid = spawn_redis(rport, rdir))) {
+            if (rport < 0 || !(rpid = spawn_redis(rport, rdir, false))) {
                 fprintf(stderr, "lmcache bench master: cannot start redis-server\n");
                 return 1;
             }
+            g_redis[0] = rpid;
         }
         snprintf(ruri_buf, sizeof(ruri_buf), "tcp://%s:%d", rhost, rport);
         char ns[64];
@@ -767,5 +883,13 @@ out:
         stop_child(rpid);
         rmdir(rdir); /* --save "": nothing was written into it */
     }
+    for (int i = 0; i < CLUSTER_NODES; i++)
+        if (cpids[i]) {
+            stop_child(cpids[i]);
+            char f[160];
+            snprintf(f, sizeof(f), "%s/nodes.conf", cdirs[i]);
+            unlink(f);
+            rmdir(cdirs[i]);
+        }
     return rc;
 }

@@ -126,11 +126,6 @@ int master_main(int argc, char **argv) {
         printf("[Master] Resolved metadata store: %s\n", line);
     }
     fflush(stdout);
-    if (redis && m.cfg.redis_cluster) {
-        fprintf(stderr, "umbp_master: UMBP_REDIS_CLUSTER=1 (Redis Cluster) is not supported by "
-                        "this build's Redis store; use one endpoint or UMBP_REDIS_SHARD_URIS\n");
-        return 2;
-    }
     log_info(m.lg, "[Master] Resolved route-put strategy: select_algo=%s node_affinity=%s",
              m.cfg.route_put_select_algo, m.cfg.route_put_node_affinity);
 
@@ -165,6 +160,7 @@ int master_main(int argc, char **argv) {
             .pool_size = (uint32_t)m.cfg.redis_pool_size,
             .shards = (uint32_t)m.cfg.redis_block_shards,
             .required = (int)m.cfg.redis_required,
+            .cluster = (int)m.cfg.redis_cluster,
             .metrics = m.metrics,
             .lg = m.lg,
         };

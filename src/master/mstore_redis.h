@@ -18,8 +18,9 @@ struct mstore_redis_cfg {
     const char *password;   /* "" = no AUTH */
     uint32_t connect_timeout_ms, socket_timeout_ms;
     uint32_t pool_size;      /* connections */
-    uint32_t shards;         /* key shards (hash tags), 1..4096 */
+    uint32_t shards;         /* key shards (hash tags), 1..4096; cluster: 1 = one per master */
     int required;            /* PING at start; fail when it does not answer */
+    int cluster;             /* Redis Cluster: uri is a comma-separated seed list */
     struct metrics *metrics; /* NULL: no store metrics */
     struct logger *lg;
 };

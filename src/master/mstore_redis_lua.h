@@ -75,7 +75,8 @@
     "if ARGV[6] ~= '1' then apply_events(ARGV[1], ARGV[2], '0', 7) end\n"                          \
     "return {0, ARGV[3]}\n"
 
-/* A further chunk of events. ARGV node, now, full, events... */
+/* A further chunk of events. KEYS[1] the shard's node-set key (routes the call in cluster
+ * mode). ARGV node, now, full, events... */
 #define RLUA_EVENTS RLUA_BLOCK_HELPERS "apply_events(ARGV[1], ARGV[2], ARGV[3], 4)\nreturn 0\n"
 
 /* Pops up to ARGV[2] block keys of a node's reverse index and drops the node's locations
@@ -108,13 +109,13 @@
     "if gone > 0 then redis.call('DECRBY', KEYS[2], gone) end\n"                                   \
     "return #ks\n"
 
-/* KEYS alive (none in multi mode: the caller checked on the control endpoint). ARGV node,
- * bit (2^tier), then (extkv key, node-set key, count key)... 0: the node is not ALIVE,
- * nothing written. */
+/* KEYS[1] the alive set (gate '1') or the shard's count key (routes the call in cluster
+ * mode). ARGV node, bit (2^tier), gate, then (extkv key, node-set key, count key)...
+ * 0: the node is not ALIVE, nothing written. */
 #define RLUA_EXT_REPORT                                                                            \
-    "if #KEYS > 0 and redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end\n"          \
+    "if ARGV[3] == '1' and redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end\n"     \
     "local b = tonumber(ARGV[2])\n"                                                                \
-    "for i = 3, #ARGV - 2, 3 do\n"                                                                 \
+    "for i = 4, #ARGV - 2, 3 do\n"                                                                 \
     "  local m = tonumber(redis.call('HGET', ARGV[i], ARGV[1]) or '0')\n"                          \
     "  if math.floor(m / b) % 2 == 0 then\n"                                                       \
     "    redis.call('HSET', ARGV[i], ARGV[1], m + b)\n"                                            \
@@ -137,7 +138,8 @@
     "  redis.call('DECR', cnt)\n"                                                                  \
     "end\n"
 
-/* ARGV node, bit, then (extkv key, node-set key, count key)... */
+/* KEYS[1] the shard's count key (routes the call). ARGV node, bit, then (extkv key,
+ * node-set key, count key)... */
 #define RLUA_EXT_REVOKE                                                                            \
     RLUA_EXT_CLEAR_BIT                                                                             \
     "local b = tonumber(ARGV[2])\n"                                                                \
@@ -154,7 +156,8 @@
     "return r[1]\n"
 
 /* The match of one shard, hit counting fused in. KEYS n extkv keys, then (count) n hit
- * keys and the shard's hit index. ARGV n, count, now, alive-peers key. Returns
+ * keys and the shard's hit index. ARGV n, count, now, alive-peers key ("" in split modes:
+ * not on this shard's instance; the caller reads it there). Returns
  * {{node, peer, ...}, "codes of key 1;codes of key 2;..."}: each node name once per reply
  * (its peer "" unless ALIVE), a key's placements as comma-separated
  * (node number - 1) * 16 + tier mask; one string, so the reply stays small to parse. */
@@ -172,7 +175,7 @@
     "      k = #nodes / 2\n"                                                                       \
     "      num[h[j]] = k\n"                                                                        \
     "      nodes[#nodes + 1] = h[j]\n"                                                             \
-    "      nodes[#nodes + 1] = redis.call('HGET', ARGV[4], h[j]) or ''\n"                          \
+    "      nodes[#nodes + 1] = ARGV[4] ~= '' and redis.call('HGET', ARGV[4], h[j]) or ''\n"        \
     "    end\n"                                                                                    \
     "    r[#r + 1] = k * 16 + tonumber(h[j + 1]) % 16\n"                                           \
     "  end\n"                                                                                      \

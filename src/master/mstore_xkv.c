@@ -1,6 +1,7 @@
 /* The master store's external-KV index: hash-sharded tables of entries (placements per node
  * and tier, hit counters), the per-(node, tier) reverse index that makes revoke-all cheap, and
  * the batched, prefetching match. Layout: see mstore_mem.c. */
+#include "master/mstore_match.h"
 #include "master/mstore_mem_internal.h"
 
 #define XENT(n) HTAB_ENTRY(n, struct xent, hn)
@@ -247,49 +248,13 @@ void mstore_match_free(struct mstore_match *mt) {
     memset(mt, 0, sizeof(*mt));
 }
 
-/* Marks the first occurrence of every distinct hash; returns NULL on no memory. */
-static bool *dedup_first(char *const *hashes, size_t n, uint64_t *hv) {
-    bool *first = xcalloc(n, sizeof(bool));
-    size_t cap = 16;
-    while (cap < n * 2) cap <<= 1;
-    uint32_t *set = xcalloc(cap, sizeof(uint32_t));
-    if (!first || !set) {
-        free(first);
-        free(set);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        hv[i] = hkey(hashes[i], strlen(hashes[i]));
-        for (size_t j = hv[i] & (cap - 1);; j = (j + 1) & (cap - 1)) {
-            uint32_t v = set[j];
-            if (!v) {
-                set[j] = (uint32_t)i + 1;
-                first[i] = true;
-                break;
-            }
-            if (hv[v - 1] == hv[i] && strcmp(hashes[v - 1], hashes[i]) == 0) break;
-        }
-    }
-    free(set);
-    return first;
-}
-
-/* One placement seen by a match: request index, node, tier bitmask. */
-struct xhit {
-    uint32_t idx, node;
-    uint8_t tiers;
-};
-
-/* Open-addressing set over the request: marks the first occurrence of each distinct key
- * (the other occurrences get hv = 0 and are skipped). -1 on no memory. */
-static int dedup_keys(const struct mstore_key *k, size_t n, uint64_t *hv, bool *first) {
+int mstore_match_dedup(const struct mstore_key *k, size_t n, uint64_t *hv, bool *first) {
     size_t cap = 16;
     while (cap < n * 2) cap <<= 1;
     uint32_t *set = calloc(cap, sizeof(uint32_t));
     if (!set) return -1;
     for (size_t i = 0; i < n; i++) {
-        size_t kl = k[i].n > UINT16_MAX ? UINT16_MAX : k[i].n; /* as stored by report */
-        hv[i] = hkey(k[i].p, kl);
+        hv[i] = hkey(k[i].p, k[i].n); /* over the whole key, as report hashes it */
         first[i] = false;
         for (size_t j = hv[i] & (cap - 1);; j = (j + 1) & (cap - 1)) {
             uint32_t v = set[j];
@@ -298,8 +263,9 @@ static int dedup_keys(const struct mstore_key *k, size_t n, uint64_t *hv, bool *
                 first[i] = true;
                 break;
             }
-            size_t ol = k[v - 1].n > UINT16_MAX ? UINT16_MAX : k[v - 1].n;
-            if (hv[v - 1] == hv[i] && ol == kl && memcmp(k[v - 1].p, k[i].p, kl) == 0) break;
+            if (hv[v - 1] == hv[i] && k[v - 1].n == k[i].n &&
+                memcmp(k[v - 1].p, k[i].p, k[i].n) == 0)
+                break;
         }
     }
     free(set);
@@ -316,6 +282,67 @@ static uint32_t slot_of(uint32_t *map, uint32_t cap, uint32_t node, uint32_t *ns
         }
         if (map[j] == node + 1) return map[cap + j];
     }
+}
+
+/* Slots in order of first appearance, per slot and tier a count, then offsets into one
+ * pool filled in request order: a few allocations whatever the match's size. */
+int mstore_match_group(const struct mstore_hitrec *h, size_t nh, struct mstore_match *mt) {
+    memset(mt, 0, sizeof(*mt));
+    if (nh > UINT32_MAX / 4) return -1; /* slot map and offsets are 32-bit */
+    uint32_t mcap = 16, nslots = 0;
+    while (mcap < nh * 2) mcap <<= 1;
+    uint32_t *map = calloc((size_t)mcap * 2, sizeof(uint32_t));
+    uint32_t *slot = malloc((nh + 1) * sizeof(uint32_t));
+    size_t ntot = 0;
+    int rc = map && slot ? 0 : -1;
+    for (size_t k = 0; !rc && k < nh; k++) slot[k] = slot_of(map, mcap, h[k].node, &nslots);
+    if (!rc) {
+        mt->nodes = calloc(nslots + 1, sizeof(*mt->nodes));
+        if (!mt->nodes) rc = -1;
+    }
+    for (size_t k = 0; !rc && k < nh; k++) {
+        struct mstore_match_node *mn = &mt->nodes[slot[k]];
+        mn->node = h[k].node;
+        mn->distinct++;
+        for (int t = 0; t < MSTORE_NTIERS; t++)
+            if (h[k].tiers & (1u << t)) {
+                mn->tiers[t].n++;
+                ntot++;
+            }
+    }
+    if (!rc) {
+        mt->nnodes = nslots;
+        mt->pool = malloc((ntot + 1) * sizeof(uint32_t));
+        if (!mt->pool) rc = -1;
+    }
+    if (!rc) {
+        uint32_t off = 0;
+        for (uint32_t i = 0; i < nslots; i++)
+            for (int t = 0; t < MSTORE_NTIERS; t++) {
+                struct mstore_match_tier *b = &mt->nodes[i].tiers[t];
+                b->tier = t;
+                b->idx = mt->pool + off;
+                off += b->n;
+                b->n = 0;
+            }
+        for (size_t k = 0; k < nh; k++) {
+            struct mstore_match_node *mn = &mt->nodes[slot[k]];
+            for (int t = 0; t < MSTORE_NTIERS; t++)
+                if (h[k].tiers & (1u << t)) mn->tiers[t].idx[mn->tiers[t].n++] = h[k].idx;
+        }
+    }
+    free(map);
+    free(slot);
+    if (rc) mstore_match_free(mt);
+    return rc;
+}
+
+void mstore_match_compact(struct mstore_match_node *mn) {
+    uint32_t k = 0;
+    for (int t = 0; t < MSTORE_NTIERS; t++)
+        if (mn->tiers[t].n) mn->tiers[k++] = mn->tiers[t];
+    for (uint32_t t = k; t < MSTORE_NTIERS; t++) mn->tiers[t] = (struct mstore_match_tier){0};
+    mn->ntiers = k;
 }
 
 /* Two phases: the placements of every distinct key are copied out under their shard
@@ -338,9 +365,10 @@ int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n, boo
     struct xent **ent = malloc(n * sizeof(*ent));     /* per key, under its shard lock */
     uint32_t *hoff = malloc((n + 1) * sizeof(*hoff)); /* key i's placements in h */
     size_t hcap = n * 2, nh = 0;
-    struct xhit *h = malloc(hcap * sizeof(*h));
-    int rc =
-        hv && first && order && sstart && ent && hoff && h ? dedup_keys(keys, n, hv, first) : -1;
+    struct mstore_hitrec *h = malloc(hcap * sizeof(*h));
+    int rc = hv && first && order && sstart && ent && hoff && h
+                 ? mstore_match_dedup(keys, n, hv, first)
+                 : -1;
     uint32_t smask = m->nshards - 1;
     if (!rc) {
         for (size_t i = 0; i < n; i++)
@@ -405,7 +433,7 @@ int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n, boo
             }
             hoff[i] = (uint32_t)nh;
             for (uint16_t p = 0; p < e->nplace; p++)
-                h[nh++] = (struct xhit){(uint32_t)i, e->pl[p].node, e->pl[p].tiers};
+                h[nh++] = (struct mstore_hitrec){(uint32_t)i, e->pl[p].node, e->pl[p].tiers};
             if (count_as_hit) {
                 e->hits++;
                 if (now > e->last_seen) e->last_seen = now;
@@ -414,7 +442,7 @@ int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n, boo
         pthread_mutex_unlock(&sh->lock);
     }
     /* Back to request order: hits of key i are h[hoff[i]] up to the next key's. */
-    struct xhit *ho = rc ? NULL : malloc((nh + 1) * sizeof(*ho));
+    struct mstore_hitrec *ho = rc ? NULL : malloc((nh + 1) * sizeof(*ho));
     if (!rc && !ho) rc = -1;
     if (!rc) {
         size_t o = 0;
@@ -431,53 +459,8 @@ int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n, boo
     free(sstart);
     free(ent);
     free(hoff);
-    /* Group: slots in order of first appearance, per slot and tier a count, then offsets
-     * into one pool filled in request order. */
-    uint32_t mcap = 16, nslots = 0;
-    while (mcap < nh * 2) mcap <<= 1;
-    uint32_t *map = rc ? NULL : calloc((size_t)mcap * 2, sizeof(uint32_t));
-    uint32_t *slot = rc ? NULL : malloc((nh + 1) * sizeof(uint32_t));
-    size_t ntot = 0;
-    if (!rc && (!map || !slot)) rc = -1;
-    for (size_t k = 0; !rc && k < nh; k++) slot[k] = slot_of(map, mcap, h[k].node, &nslots);
-    if (!rc) {
-        mt->nodes = calloc(nslots + 1, sizeof(*mt->nodes));
-        if (!mt->nodes) rc = -1;
-    }
-    for (size_t k = 0; !rc && k < nh; k++) {
-        struct mstore_match_node *mn = &mt->nodes[slot[k]];
-        mn->node = h[k].node;
-        mn->distinct++;
-        for (int t = 0; t < MSTORE_NTIERS; t++)
-            if (h[k].tiers & (1u << t)) {
-                mn->tiers[t].n++;
-                ntot++;
-            }
-    }
-    if (!rc) {
-        mt->nnodes = nslots;
-        mt->pool = malloc((ntot + 1) * sizeof(uint32_t));
-        if (!mt->pool) rc = -1;
-    }
-    if (!rc) {
-        uint32_t off = 0;
-        for (uint32_t i = 0; i < nslots; i++)
-            for (int t = 0; t < MSTORE_NTIERS; t++) {
-                struct mstore_match_tier *b = &mt->nodes[i].tiers[t];
-                b->tier = t;
-                b->idx = mt->pool + off;
-                off += b->n;
-                b->n = 0;
-            }
-        for (size_t k = 0; k < nh; k++) {
-            struct mstore_match_node *mn = &mt->nodes[slot[k]];
-            for (int t = 0; t < MSTORE_NTIERS; t++)
-                if (h[k].tiers & (1u << t)) mn->tiers[t].idx[mn->tiers[t].n++] = h[k].idx;
-        }
-    }
+    if (!rc) rc = mstore_match_group(h, nh, mt);
     free(h);
-    free(map);
-    free(slot);
     if (rc) {
         mstore_match_free(mt);
         return rc;
@@ -491,11 +474,7 @@ int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n, boo
         bool alive = nd->present && nd->status == MSTORE_STATUS_ALIVE;
         mn->peer_address = strdup(alive ? nd->peer_address : "");
         if (!mn->peer_address) rc = -1;
-        uint32_t k = 0;
-        for (int t = 0; t < MSTORE_NTIERS; t++)
-            if (mn->tiers[t].n) mn->tiers[k++] = mn->tiers[t];
-        for (uint32_t t = k; t < MSTORE_NTIERS; t++) mn->tiers[t] = (struct mstore_match_tier){0};
-        mn->ntiers = k;
+        mstore_match_compact(mn);
     }
     pthread_rwlock_unlock(&m->meta);
     if (rc) mstore_match_free(mt);
@@ -509,11 +488,16 @@ int mem_hit_counts(struct mstore *s, char *const *hashes, size_t n, struct mstor
     *nout = 0;
     if (!n) return 0;
     uint64_t *hv = malloc(n * sizeof(*hv));
-    bool *first = hv ? dedup_first(hashes, n, hv) : NULL;
-    struct mstore_hit *h = first ? xcalloc(n, sizeof(*h)) : NULL;
-    if (!h) {
+    bool *first = malloc(n * sizeof(*first));
+    struct mstore_key *keys = malloc(n * sizeof(*keys));
+    struct mstore_hit *h = xcalloc(n, sizeof(*h));
+    for (size_t i = 0; keys && i < n; i++)
+        keys[i] = (struct mstore_key){hashes[i], strlen(hashes[i])};
+    if (!hv || !first || !keys || !h || mstore_match_dedup(keys, n, hv, first)) {
         free(hv);
         free(first);
+        free(keys);
+        free(h);
         return -1;
     }
     size_t k = 0;
@@ -529,6 +513,7 @@ int mem_hit_counts(struct mstore *s, char *const *hashes, size_t n, struct mstor
     }
     free(hv);
     free(first);
+    free(keys);
     *out = h;
     *nout = k;
     return 0;

@@ -5,6 +5,7 @@ import itertools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,30 @@ def use_python_package():
         sys.path.insert(0, p)
 
 
+def _port_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+# In CI the Redis tests must run (scripts/install-deps.sh installs redis-server): a skip there
+# would hide a failure, so the mark skips only outside CI.
+needs_redis = pytest.mark.skipif(
+    not shutil.which("redis-server") and os.environ.get("CI", "").lower() in ("", "0", "false", "no"),
+    reason="redis-server missing")
+
+
+def fnv1a32(x):
+    """The Redis store's shard hash of a key (FNV-1a 32-bit)."""
+    h = 2166136261
+    for ch in x.encode():
+        h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
+    return h
+
+
 class RedisServer:
     """Debian's redis-server on a free loopback port, with its own temp dir."""
 
@@ -41,7 +66,11 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="lmc-redis-")
         self.extra = list(extra)
         self.proc = None
-        self.start()
+        try:
+            self.start()
+        except Exception:
+            self.close()
+            raise
 
     @property
     def uri(self):
@@ -82,8 +111,65 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class RedisCluster:
+    """A Redis Cluster of `masters` redis-servers (--cluster-enabled yes, no replicas) on
+    loopback, created with `redis-cli --cluster create`."""
+
+    def __init__(self, masters=3):
+        ports = []
+        while len(ports) < masters:  # the cluster bus listens on port + 10000
+            p = free_port()
+            if p + 10000 <= 65535 and p not in ports and _port_free(p + 10000):
+                ports.append(p)
+        self.nodes = []
+        try:
+            for p in ports:
+                self.nodes.append(RedisServer(port=p, extra=[
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes-%d.conf" % p,
+                    "--cluster-node-timeout", "5000", "--cluster-require-full-coverage", "no"]))
+        except Exception:
+            self.close()
+            raise
+        r = subprocess.run(["redis-cli", "--cluster", "create"] +
+                           ["127.0.0.1:%d" % p for p in ports] +
+                           ["--cluster-replicas", "0", "--cluster-yes"],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            self.close()
+            raise RuntimeError("redis-cli --cluster create failed: " + r.stdout + r.stderr)
+        deadline = time.monotonic() + 30
+        while any("cluster_state:ok" not in n.cli("CLUSTER", "INFO") for n in self.nodes):
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("the cluster did not become ok")
+            time.sleep(0.05)
+
+    @property
+    def uri(self):
+        return self.nodes[0].uri
+
+    def owner(self, slot):
+        """The node serving slot, by its own CLUSTER NODES line."""
+        for n in self.nodes:
+            me = n.cli("CLUSTER", "MYID")
+            for line in n.cli("CLUSTER", "NODES").splitlines():
+                f = line.split()
+                if f[0] != me:
+                    continue
+                for rng in f[8:]:
+                    lo, _, hi = rng.partition("-")
+                    if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                        return n
+        return None
+
+    def close(self):
+        for n in self.nodes:
+            n.close()
+
+
 _redis = [None]
 _redis2 = [None]
+_cluster = [None]
 _ns = itertools.count()
 BACKEND = ["inmemory"]
 
@@ -110,17 +196,33 @@ def redis_multi_env(namespace=None, pair=None):
             "UMBP_REDIS_NAMESPACE": namespace or "t%d-%d" % (os.getpid(), next(_ns))}
 
 
+def shared_cluster():
+    """One 3-master Redis Cluster for the whole test run."""
+    if _cluster[0] is None:
+        _cluster[0] = RedisCluster()
+        atexit.register(_cluster[0].close)
+    return _cluster[0]
+
+
+def redis_cluster_env(namespace=None, cluster=None):
+    c = cluster or shared_cluster()
+    return {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_CLUSTER": "1",
+            "UMBP_REDIS_URI": ",".join(n.uri for n in c.nodes),
+            "UMBP_REDIS_NAMESPACE": namespace or "t%d-%d" % (os.getpid(), next(_ns))}
+
+
 def redis_env(namespace=None, redis=None):
     r = redis or shared_redis()
     return {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": r.uri,
             "UMBP_REDIS_NAMESPACE": namespace or "t%d-%d" % (os.getpid(), next(_ns))}
 
 
-@pytest.fixture(scope="module", params=["inmemory", "redis", "redis-multi"], autouse=True)
+@pytest.fixture(scope="module", params=["inmemory", "redis", "redis-multi", "redis-cluster"],
+                autouse=True)
 def backend(request):
     """Runs every test of a module that imports it against both metadata stores (the Redis
-    one on one endpoint and in multi mode on two): a Master started while a Redis leg runs
-    uses a fresh namespace of shared redis-servers."""
+    one on one endpoint, in multi mode on two, and on a 3-master Redis Cluster): a Master
+    started while a Redis leg runs uses a fresh namespace of shared redis-servers."""
     if request.param != "inmemory" and not shutil.which("redis-server"):
         # in CI they must run: scripts/install-deps.sh installs redis-server there
         if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
@@ -136,7 +238,8 @@ class Master:
 
     def __init__(self, env=None, metrics=True, argv0=None, extra_args=()):
         if BACKEND[0] != "inmemory" and "UMBP_METADATA_BACKEND" not in (env or {}):
-            base = redis_env() if BACKEND[0] == "redis" else redis_multi_env()
+            base = {"redis": redis_env, "redis-multi": redis_multi_env,
+                    "redis-cluster": redis_cluster_env}[BACKEND[0]]()
             env = dict(base, **(env or {}))
         self.port = free_port()
         self.metrics_port = free_port() if metrics else 0

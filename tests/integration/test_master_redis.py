@@ -3,22 +3,19 @@ outlives a master, replicas behind one Redis, Redis lost and back, start-up faul
 schema an operator reads, and bounded scripts for large full syncs."""
 
 import re
-import os
-import shutil
 import subprocess
 import time
 
 import grpc
 import pytest
 
-from master_util import Master, RedisServer, free_port, lmcache_bin, redis_env, use_python_package
+from master_util import (Master, RedisServer, fnv1a32, free_port, lmcache_bin, needs_redis,
+                         redis_env, use_python_package)
 
 use_python_package()
 from umbp import UMBPMasterClient, UMBPTierType, pb, pb_grpc  # noqa: E402
 
-# In CI they must run (scripts/install-deps.sh installs redis-server): a skip there is a failure.
-if not shutil.which("redis-server") and os.environ.get("CI", "").lower() in ("", "0", "false", "no"):
-    pytestmark = pytest.mark.skip(reason="redis-server missing")
+pytestmark = needs_redis
 
 GB = 1 << 30
 
@@ -352,14 +349,8 @@ def test_multi_mode_two_endpoints_and_a_failed_shard():
             s = stub(m)
             assert heartbeat(s, "mm", 1, adds=keys).acked_seq == 1
             matches(m, keys, hit=True)
-
-            def fnv(x):
-                h = 2166136261
-                for ch in x.encode():
-                    h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
-                return h
-
-            on = {0: [k for k in keys if fnv(k) % 2 == 0], 1: [k for k in keys if fnv(k) % 2]}
+            on = {0: [k for k in keys if fnv1a32(k) % 2 == 0],
+                  1: [k for k in keys if fnv1a32(k) % 2]}
             assert on[0] and on[1]
             # Control keys and shard 0 on the first endpoint, shard 1 on the second.
             assert a.cli("HGET", "{umbp:multi}:node:mm", "status") == "1"
@@ -414,3 +405,19 @@ def test_hit_gc_on_every_replica(redis):
         assert redis.cli("SCARD", "{umbp:hitgc}:hit:index") == "0"
         # Placements are not hit counters: still there.
         assert [x.node_id for x in c.match_external_kv(["a", "b"])] == ["g"]
+
+
+@pytest.mark.parametrize("store", ["inmemory", "redis"])
+def test_hashes_longer_than_64k_match_and_count(store, redis):
+    """Report hashes the whole key; match and the hit query must find it the same way."""
+    env = redis_env("long", redis) if store == "redis" else {}
+    with Master(env=env) as m:
+        c = UMBPMasterClient(m.addr, node_id="ln", node_address="ln:1")
+        c.register_self({UMBPTierType.DRAM: (GB, GB)})
+        big = "x" * 70000
+        c.report_external_kv_blocks("ln", [big, "small"], UMBPTierType.DRAM)
+        got = c.match_external_kv([big, big, "small"], count_as_hit=True)
+        assert [(x.node_id, sorted(len(h) for h in x.hashes_by_tier[UMBPTierType.DRAM]))
+                for x in got] == [("ln", [5, 70000])]
+        assert {len(e.hash): e.hit_count_total
+                for e in c.get_external_kv_hit_counts([big, "small"])} == {70000: 1, 5: 1}
