@@ -28,4 +28,8 @@ int bench_dax_main(int argc, char **argv);
  * figures. object = bytes per copy (0: whole 64 MiB buffers). */
 double bench_memcpy_gbps(uint64_t object, double seconds);
 
+/* A TCP port on 127.0.0.1 that was free a moment ago (for the processes a benchmark starts),
+ * or -1. */
+int bench_free_port(void);
+
 #endif

@@ -49,19 +49,6 @@ struct fopts {
 
 /* ---- processes ------------------------------------------------------------------------------ */
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
-        getsockname(fd, (struct sockaddr *)&sa, &len)) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 static int tcp_connect(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET,
@@ -119,8 +106,8 @@ struct master {
 
 /* port < 0: a free one. */
 static bool master_start(struct master *m, int port) {
-    m->port = port > 0 ? port : free_port();
-    m->http = free_port();
+    m->port = port > 0 ? port : bench_free_port();
+    m->http = bench_free_port();
     snprintf(m->addr, sizeof(m->addr), "127.0.0.1:%d", m->port);
     char hp[16];
     snprintf(hp, sizeof(hp), "%d", m->http);
@@ -157,8 +144,8 @@ static double cpu_of(pid_t pid) {
 /* A server on free ports; master NULL: not reporting. */
 static bool server_start(struct server *s, double l1_gb, int chunk, bool prefault,
                          const char *master, const char *node_id) {
-    s->port = free_port();
-    s->http = free_port();
+    s->port = bench_free_port();
+    s->http = bench_free_port();
     char port[16], http[16], l1[32], cs[16];
     snprintf(port, sizeof(port), "%d", s->port);
     snprintf(http, sizeof(http), "%d", s->http);
@@ -567,7 +554,7 @@ static int run_ingest_and_route(const struct fopts *o) {
     uint64_t prompts = (uint64_t)(o->entries / NSERVERS + PROMPT - 1) / PROMPT;
     uint64_t per = prompts * PROMPT, total = per * NSERVERS;
     /* The master's port is chosen now; it starts once the servers hold their chunks. */
-    int mport = free_port();
+    int mport = bench_free_port();
     char maddr[64];
     snprintf(maddr, sizeof(maddr), "127.0.0.1:%d", mport);
     /* 1 KiB objects take one 4 KiB unit each; room below the eviction watermark */

@@ -47,19 +47,6 @@ static uint64_t bench_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
-        getsockname(fd, (struct sockaddr *)&sa, &len)) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 static long rss_kb(pid_t pid) {
     char path[64], line[256];
     snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
@@ -461,7 +448,7 @@ static void wait_listen(int port) {
 
 /* Starts `lmcache <args>` on a free loopback port written into addr; 0 on failure. */
 static pid_t spawn_self(char *const args[], char *addr, size_t addrlen, int *port) {
-    *port = free_port();
+    *port = bench_free_port();
     if (*port < 0) return 0;
     snprintf(addr, addrlen, "127.0.0.1:%d", *port);
     pid_t pid = fork();
@@ -696,7 +683,7 @@ int bench_master_main(int argc, char **argv) {
         /* Three masters of our own (the cluster bus listens on port + 10000). */
         for (int i = 0; i < CLUSTER_NODES; i++) {
             snprintf(cdirs[i], sizeof(cdirs[i]), "/tmp/lmcache-bench-rc-XXXXXX");
-            do g_cports[i] = free_port();
+            do g_cports[i] = bench_free_port();
             while (g_cports[i] > 55535 || (i && g_cports[i] == g_cports[i - 1]));
         }
         if (make_cluster(g_cports, cpids, cdirs)) {
@@ -722,7 +709,7 @@ int bench_master_main(int argc, char **argv) {
             snprintf(rhost, sizeof(rhost), "%.*s", (int)(colon ? colon - h : (long)strlen(h)), h);
             rport = colon ? atoi(colon + 1) : 6379;
         } else {
-            rport = free_port();
+            rport = bench_free_port();
             if (rport < 0 || !(rpid = spawn_redis(rport, rdir, false))) {
                 fprintf(stderr, "lmcache bench master: cannot start redis-server\n");
                 return 1;
