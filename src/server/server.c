@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/errbuf.h"
 #include "base/log.h"
 #include "base/sdnotify.h"
 #include "base/stackdump.h"
@@ -87,9 +88,8 @@ int server_main(int argc, char **argv) {
         if (kv_on)
             kvev = kvevents_create(&engine, err, sizeof(err));
         else
-            snprintf(err, sizeof(err),
-                     "argument --kv-events-replay-endpoint: needs "
-                     "--kv-events-endpoint");
+            errbuf_set(err, sizeof(err),
+                       "argument --kv-events-replay-endpoint: needs --kv-events-endpoint");
         if (!kvev) {
             fprintf(stderr, "lmcache server: error: %s\n", err);
             engine_destroy(&engine);
