@@ -12,6 +12,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -406,6 +408,24 @@ static void *loop_main(void *arg) {
     }
     send_replies(dp);
     return NULL;
+}
+
+void dataplane_tune_malloc(const struct server_config *cfg) {
+#ifdef __GLIBC__
+    /* Every large message is one malloc: libzmq's receive buffer of a request, the reply the
+     * worker builds. glibc serves allocations over 32 MiB (and those of a thread arena over
+     * 64 MiB) with a fresh mmap and unmaps them on free, so every byte of every large message
+     * was a page fault plus zeroing by the kernel, which took most of the bytes path's time on
+     * virtual machines (docs/benchmarks.md). One arena that grows with brk and keeps up to
+     * --worker-queue-mb of freed memory at its top lets the next message reuse the pages. */
+    long keep = cfg->worker_queue_mb > 0 ? cfg->worker_queue_mb : 1;
+    int trim = keep >= (long)(INT_MAX >> 20) ? INT_MAX : (int)(keep << 20);
+    (void)mallopt(M_ARENA_MAX, 1);
+    (void)mallopt(M_MMAP_MAX, 0);
+    (void)mallopt(M_TRIM_THRESHOLD, trim);
+#else
+    (void)cfg;
+#endif
 }
 
 struct dataplane *dataplane_start(struct engine *e, const char *host, int port, int workers,
