@@ -90,7 +90,7 @@ echo "== lookup latency (lookup_wait until ready, then end_session; chunks in L1
 tp "$TMP/lookup" --layers 1 --prompts 1 --rounds 1 --no-bytes --lookup-samples 500 "$@"
 grep '^lookup .* chunks by' "$TMP/lookup"
 
-declare -A ROW
+declare -A ROW RREF REF
 for mib in $SIZES; do
     bytes=$((mib << 20))
     prompts=$(( 64 / mib )); [ "$prompts" -lt 4 ] && prompts=4
@@ -105,27 +105,33 @@ for mib in $SIZES; do
     ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 --echo-endpoint ipc \
         >"$TMP/echoipc.$mib" 2>&1 || { cat "$TMP/echoipc.$mib"; exit 1; }
     m=0
-    for f in tp bm ipc echo echoipc; do m=$(awk -v a="$m" -v b="$(ref <"$TMP/$f.$mib")" 'BEGIN{print (a > b ? a : b)}'); done
+    for f in tp bm ipc echo echoipc; do
+        REF[$f]=$(ref <"$TMP/$f.$mib")
+        m=$(awk -v a="$m" -v b="${REF[$f]}" 'BEGIN{print (a > b ? a : b)}')
+    done
     ROW[$mib,memcpy]=$m
-    ROW[$mib,shm_store]=$(gbs "store (shm)" <"$TMP/tp.$mib")
-    ROW[$mib,shm_retrieve]=$(gbs "retrieve (shm)" <"$TMP/tp.$mib")
-    ROW[$mib,shm_store_bm]=$(gbs "store (shm)" <"$TMP/bm.$mib")
-    ROW[$mib,shm_retrieve_bm]=$(gbs "retrieve (shm)" <"$TMP/bm.$mib")
-    ROW[$mib,bytes_store]=$(gbs "store_bytes" <"$TMP/tp.$mib")
-    ROW[$mib,bytes_retrieve]=$(gbs "retrieve_bytes" <"$TMP/tp.$mib")
-    ROW[$mib,bytes_store_ipc]=$(gbs "store_bytes" <"$TMP/ipc.$mib")
-    ROW[$mib,bytes_retr_ipc]=$(gbs "retrieve_bytes" <"$TMP/ipc.$mib")
-    ROW[$mib,zmq_echo]=$(gbs "zmq echo" <"$TMP/echo.$mib")
-    ROW[$mib,zmq_echo_ipc]=$(gbs "zmq echo" <"$TMP/echoipc.$mib")
+    # name|source run|line prefix; each ratio is to the memcpy of the row's own run
+    for spec in "shm_store|tp|store (shm)" "shm_retrieve|tp|retrieve (shm)" \
+        "shm_store_bm|bm|store (shm)" "shm_retrieve_bm|bm|retrieve (shm)" \
+        "bytes_store|tp|store_bytes" "bytes_retrieve|tp|retrieve_bytes" \
+        "bytes_store_ipc|ipc|store_bytes" "bytes_retr_ipc|ipc|retrieve_bytes" \
+        "zmq_echo|echo|zmq echo" "zmq_echo_ipc|echoipc|zmq echo"; do
+        IFS='|' read -r k f pfx <<<"$spec"
+        ROW[$mib,$k]=$(gbs "$pfx" <"$TMP/$f.$mib")
+        RREF[$mib,$k]=${REF[$f]}
+    done
     ROW[$mib,redis_set]=$(redis_gbs set "$bytes")
     ROW[$mib,redis_get]=$(redis_gbs get "$bytes")
+    RREF[$mib,redis_set]=$m
+    RREF[$mib,redis_get]=$m
     for k in tp ipc; do
         grep -E '^(store|retrieve)' "$TMP/$k.$mib" | sed "s/^/  [$mib MiB, $k] /" >>"$TMP/faults"
     done
 done
 
 echo "load average after:  $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "redis $(redis-server --version | awk '{print $3}'); GB/s (ratio to the highest memcpy of the size's runs)"
+echo "redis $(redis-server --version | awk '{print $3}'); GB/s (ratio to the single-thread memcpy of the same run;"
+echo "memcpy row and Redis: the highest memcpy of the size's runs)"
 printf "%-18s" "object"
 for mib in $SIZES; do printf "%20s" "$mib MiB"; done
 echo
@@ -134,7 +140,7 @@ for k in memcpy shm_store shm_retrieve shm_store_bm shm_retrieve_bm bytes_store 
     printf "%-18s" "$k"
     for mib in $SIZES; do
         v=${ROW[$mib,$k]:-}
-        m=${ROW[$mib,memcpy]}
+        m=${RREF[$mib,$k]:-${ROW[$mib,memcpy]}}
         printf "%20s" "$(awk -v v="$v" -v m="$m" 'BEGIN{ if (v == "") print "-"; else printf "%.2f (%3.0f%%)", v, (m > 0 ? 100*v/m : 0) }')"
     done
     echo

@@ -1167,7 +1167,7 @@ int bench_server_main(int argc, char **argv) {
          * does for its own (dataplane_tune_malloc): one arena, no fresh mmap per large message. */
         (void)mallopt(M_ARENA_MAX, 1);
         (void)mallopt(M_MMAP_MAX, 0);
-        (void)mallopt(M_TRIM_THRESHOLD, 256 << 20);
+        (void)mallopt(M_TRIM_THRESHOLD, 1 << 30);
     }
 #endif
     if (o.seed < 0) o.seed = (long long)(time(NULL) ^ ((long long)getpid() << 16)) & 0xffffffffll;
