@@ -6,10 +6,12 @@
  * taken before the store, locally and through `POST /cache/checksums`); exit 1 on any mismatch.
  * throughput: N clients (threads, one DEALER and one shared-memory KV cache each) store and
  * retrieve their prompts through shared memory and then through store_bytes/retrieve_bytes;
- * prints GB/s, lookup latency percentiles and a single-thread memcpy reference of the same run.
+ * prints GB/s, minor page faults per phase (this process, and the server's with --server-pid),
+ * lookup latency percentiles (of the throughput prompts, and of 4- and 128-chunk prompts of small
+ * objects) and a single-thread memcpy reference of the same run.
  * echo: the floor under every data-plane number: a bare ZMQ DEALER/ROUTER echo over loopback tcp
- * of --echo-mib messages (the server thread sends back the very message it received), the
- * transport alone without msgpack, L1 or shared memory. */
+ * or ipc of --echo-mib messages (the server thread, in a ZMQ context of its own, sends back the
+ * very message it received), the transport alone without msgpack, L1 or shared memory. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stddef.h>
