@@ -142,6 +142,8 @@ def _faults(out, phase):
     return int(m.group(1)), int(m.group(2))
 
 
+@pytest.mark.skipif(bool(sanitizer_flags()),
+                    reason="a sanitizer's allocator replaces glibc malloc and its set-up")
 def test_large_messages_reuse_server_memory(make_server):
     # 36 MiB objects, one per prompt: every retrieve_bytes reply and store_bytes request is one
     # allocation above glibc's mmap threshold. With the data plane's malloc set-up the server
