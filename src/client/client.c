@@ -759,11 +759,15 @@ LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const 
         lmc_send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, &lid, err);
     if (s != LMC_OK) return s;
     /* The first query rides behind the lookup: the server runs them in this order. */
-    lmc_status qs = lmc_send_query_prefetch_status(c, request_id, &qid, err);
+    lmc_error qerr;
+    lmc_status qs = lmc_send_query_prefetch_status(c, request_id, &qid, &qerr);
     s = finish(c, LMC_OK, &lid, &r, err);
     lmc_reply_free(r);
     r = NULL;
-    if (qs != LMC_OK) return s != LMC_OK ? s : qs;
+    if (qs != LMC_OK) {
+        if (s == LMC_OK && err) *err = qerr;
+        return s != LMC_OK ? s : qs;
+    }
     if (s != LMC_OK) {
         /* Its reply (if any) is of no use now; a timed-out lookup leaves the query pending. */
         if (s == LMC_ERR_TIMEOUT)
