@@ -6,9 +6,13 @@
 #   - `lmcache bench server --mode throughput` against a fresh `lmcache server`: shared-memory
 #     store/retrieve and store_bytes/retrieve_bytes of 256-token chunks (8 KV heads x 128, bf16,
 #     16 tokens per block; the number of layers sets the object size: 1 MiB per layer), one
-#     client;
+#     client, in layer_major and block_major layouts, and the bytes path again over the ipc
+#     endpoint (--ipc-path); the server's minor page faults per phase (--server-pid);
+#   - before the table: the first store of each size into a fresh server without --warmup (first
+#     touch of L1 and of the registered shared memory, with page-fault counts), and the lookup
+#     latency of 4- and 128-chunk prompts;
 #   - `lmcache bench server --mode echo`: a bare ZMQ DEALER/ROUTER echo of messages of the same
-#     size over loopback tcp (the transport alone);
+#     size over loopback tcp and over ipc (the transport alone);
 #   - Redis (Debian's redis-server, started here) SET/GET of values of the same size with
 #     redis-benchmark, one client.
 # GB/s count payload bytes once per request (an echo's message travels both ways). The machine
@@ -37,13 +41,18 @@ trap cleanup EXIT
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-./build/lmcache server --host 127.0.0.1 --port "$ZMQ" --http-host 127.0.0.1 --http-port "$HTTP" \
-    --l1-size-gb 3 --eviction-policy LRU >"$TMP/server.log" 2>&1 &
-SRV=$!
-for _ in $(seq 1 100); do
-    grep -q "L1 prefault:" "$TMP/server.log" && break
-    sleep 0.1
-done
+IPC="$TMP/dp.sock"
+start_server() {
+    [ -n "${SRV:-}" ] && { kill "$SRV" 2>/dev/null || true; wait "$SRV" 2>/dev/null || true; }
+    ./build/lmcache server --host 127.0.0.1 --port "$ZMQ" --http-host 127.0.0.1 --http-port "$HTTP" \
+        --ipc-path "$IPC" --l1-size-gb 3 --eviction-policy LRU >"$TMP/server.log" 2>&1 &
+    SRV=$!
+    for _ in $(seq 1 100); do
+        grep -q "L1 prefault:" "$TMP/server.log" && break
+        sleep 0.1
+    done
+}
+start_server
 redis-server --port "$REDIS" --bind 127.0.0.1 --save '' --appendonly no \
     --proto-max-bulk-len 1gb --client-query-buffer-limit 1gb --dir "$TMP" >"$TMP/redis.log" 2>&1 &
 RED=$!
@@ -59,38 +68,95 @@ redis_gbs() { # $1 set|get, $2 bytes
     awk -v r="$rps" -v b="$2" 'BEGIN{printf "%.2f", r*b/1e9}'
 }
 
-declare -A ROW
+tp() { # $1 output file, then extra options
+    local out=$1; shift
+    ./build/lmcache bench server --mode throughput --port "$ZMQ" --http-port "$HTTP" \
+        --server-pid "$SRV" --kv-heads 8 --head-dim 128 --dtype-bytes 2 \
+        --prompt-tokens 2048 --rounds 3 "$@" >"$out" 2>&1 || { cat "$out"; exit 1; }
+}
+
+echo
+echo "== first store into a fresh server (no --warmup): L1 and the registered shared memory untouched"
+for mib in $SIZES; do
+    start_server
+    prompts=$(( 64 / mib )); [ "$prompts" -lt 4 ] && prompts=4
+    tp "$TMP/fresh.$mib" --layers "$mib" --prompts "$prompts" --no-bytes --lookup-samples 0 "$@"
+    echo "$mib MiB objects: $(grep '^store (shm)' "$TMP/fresh.$mib")"
+done
+start_server
+
+echo
+echo "== lookup latency (lookup_wait until ready, then end_session; chunks in L1)"
+tp "$TMP/lookup" --layers 1 --prompts 1 --rounds 1 --no-bytes --lookup-samples 500 "$@"
+grep '^lookup .* chunks by' "$TMP/lookup"
+
+declare -A ROW RREF REF
 for mib in $SIZES; do
     bytes=$((mib << 20))
     prompts=$(( 64 / mib )); [ "$prompts" -lt 4 ] && prompts=4
-    ./build/lmcache bench server --mode throughput --port "$ZMQ" --http-port "$HTTP" \
-        --layers "$mib" --kv-heads 8 --head-dim 128 --dtype-bytes 2 \
-        --prompt-tokens 2048 --prompts "$prompts" --rounds 3 --warmup "$@" >"$TMP/tp.$mib" 2>&1 ||
-        { cat "$TMP/tp.$mib"; exit 1; }
+    echo "load average before the $mib MiB runs: $(cut -d' ' -f1-3 /proc/loadavg)"
+    tp "$TMP/tp.$mib" --layers "$mib" --prompts "$prompts" --warmup --lookup-samples 0 "$@"
+    tp "$TMP/bm.$mib" --layers "$mib" --prompts "$prompts" --warmup --lookup-samples 0 \
+        --block-order block_major --no-bytes --instance-base 2000 "$@"
+    tp "$TMP/ipc.$mib" --layers "$mib" --prompts "$prompts" --lookup-samples 0 \
+        --endpoint "ipc://$IPC" --instance-base 3000 "$@"
     ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 >"$TMP/echo.$mib" 2>&1 ||
         { cat "$TMP/echo.$mib"; exit 1; }
-    m1=$(ref <"$TMP/tp.$mib"); m2=$(ref <"$TMP/echo.$mib")
-    ROW[$mib,memcpy]=$(awk -v a="$m1" -v b="$m2" 'BEGIN{print (a > b ? a : b)}')
-    ROW[$mib,shm_store]=$(gbs "store (shm)" <"$TMP/tp.$mib")
-    ROW[$mib,shm_retrieve]=$(gbs "retrieve (shm)" <"$TMP/tp.$mib")
-    ROW[$mib,bytes_store]=$(gbs "store_bytes" <"$TMP/tp.$mib")
-    ROW[$mib,bytes_retrieve]=$(gbs "retrieve_bytes" <"$TMP/tp.$mib")
-    ROW[$mib,zmq_echo]=$(gbs "zmq echo" <"$TMP/echo.$mib")
+    ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 --echo-endpoint ipc \
+        >"$TMP/echoipc.$mib" 2>&1 || { cat "$TMP/echoipc.$mib"; exit 1; }
+    m=0
+    for f in tp bm ipc echo echoipc; do
+        REF[$f]=$(ref <"$TMP/$f.$mib")
+        m=$(awk -v a="$m" -v b="${REF[$f]}" 'BEGIN{print (a > b ? a : b)}')
+    done
+    ROW[$mib,memcpy]=$m
+    # name|source run|line prefix; each ratio is to the memcpy of the row's own run
+    for spec in "shm_store|tp|store (shm)" "shm_retrieve|tp|retrieve (shm)" \
+        "shm_store_bm|bm|store (shm)" "shm_retrieve_bm|bm|retrieve (shm)" \
+        "bytes_store|tp|store_bytes" "bytes_retrieve|tp|retrieve_bytes" \
+        "bytes_store_ipc|ipc|store_bytes" "bytes_retr_ipc|ipc|retrieve_bytes" \
+        "zmq_echo|echo|zmq echo" "zmq_echo_ipc|echoipc|zmq echo"; do
+        IFS='|' read -r k f pfx <<<"$spec"
+        ROW[$mib,$k]=$(gbs "$pfx" <"$TMP/$f.$mib")
+        RREF[$mib,$k]=${REF[$f]}
+    done
     ROW[$mib,redis_set]=$(redis_gbs set "$bytes")
     ROW[$mib,redis_get]=$(redis_gbs get "$bytes")
+    RREF[$mib,redis_set]=$m
+    RREF[$mib,redis_get]=$m
+    for k in tp ipc; do
+        grep -E '^(store|retrieve)' "$TMP/$k.$mib" | sed "s/^/  [$mib MiB, $k] /" >>"$TMP/faults"
+    done
 done
 
 echo "load average after:  $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "redis $(redis-server --version | awk '{print $3}'); GB/s (ratio to memcpy of the same size's run)"
-printf "%-16s" "object"
+echo "redis $(redis-server --version | awk '{print $3}'); GB/s (ratio to the single-thread memcpy of the same run;"
+echo "memcpy row and Redis: the highest memcpy of the size's runs)"
+printf "%-18s" "object"
 for mib in $SIZES; do printf "%20s" "$mib MiB"; done
 echo
-for k in memcpy shm_store shm_retrieve bytes_store bytes_retrieve zmq_echo redis_set redis_get; do
-    printf "%-16s" "$k"
+for k in memcpy shm_store shm_retrieve shm_store_bm shm_retrieve_bm bytes_store bytes_retrieve \
+    bytes_store_ipc bytes_retr_ipc zmq_echo zmq_echo_ipc redis_set redis_get; do
+    printf "%-18s" "$k"
     for mib in $SIZES; do
         v=${ROW[$mib,$k]:-}
-        m=${ROW[$mib,memcpy]}
+        m=${RREF[$mib,$k]:-${ROW[$mib,memcpy]}}
         printf "%20s" "$(awk -v v="$v" -v m="$m" 'BEGIN{ if (v == "") print "-"; else printf "%.2f (%3.0f%%)", v, (m > 0 ? 100*v/m : 0) }')"
     done
     echo
 done
+ratio() { # $1 label, $2 numerator row, $3 denominator row
+    printf "%-18s" "$1"
+    for mib in $SIZES; do
+        printf "%20s" "$(awk -v a="${ROW[$mib,$2]:-}" -v b="${ROW[$mib,$3]:-}" 'BEGIN{ if (a == "" || b == "" || b == 0) print "-"; else printf "%.2fx", a/b }')"
+    done
+    echo
+}
+ratio "store_b/redis_set" bytes_store redis_set
+ratio "retr_b/redis_get" bytes_retrieve redis_get
+ratio "store_b/echo" bytes_store zmq_echo
+ratio "retr_b/echo" bytes_retrieve zmq_echo
+ratio "store_b_ipc/echo" bytes_store_ipc zmq_echo_ipc
+ratio "retr_b_ipc/echo" bytes_retr_ipc zmq_echo_ipc
+echo "minor page faults per phase (server / bench client):"
+sed -E 's/ +[0-9.]+ GB\/s .*minor faults: /: /; s/\)$//' "$TMP/faults"

@@ -230,6 +230,38 @@ LMC_API lmc_status lmc_send_store_bytes(lmc_client *c, const char *model_name, i
                                         int64_t worker_id, const lmc_chunks *ch,
                                         const void *const *chunks, const size_t *chunk_lens,
                                         size_t num_chunks, lmc_req_id *id, lmc_error *err);
+
+/* Options of a store (either path). NULL means all defaults. */
+typedef struct lmc_store_options {
+    /* Reply only once every chunk this request stored is in every L2 tier, failed to be written
+     * there, or 30 s passed (docs/protocol.md, `wait_l2`); the reply then carries
+     * l2_stored_chunks. Holds the server worker meanwhile: for tests, checkpoints and tools. */
+    bool wait_l2;
+} lmc_store_options;
+
+/* What a store reply says (docs/protocol.md, "What a store reply means"). */
+typedef struct lmc_store_result {
+    uint64_t stored_chunks;    /* written by this request, resident */
+    uint64_t skipped_chunks;   /* already resident */
+    uint64_t pending_chunks;   /* another request was still writing it: not stored by this one */
+    uint64_t l2_stored_chunks; /* with wait_l2: of stored_chunks, those every L2 tier holds */
+    bool has_l2_stored;        /* the reply carried l2_stored_chunks (wait_l2 was asked) */
+} lmc_store_result;
+
+LMC_API lmc_status lmc_send_store_ex(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
+                                     const int64_t *block_ids, size_t num_block_ids,
+                                     const lmc_store_options *opts, lmc_req_id *id, lmc_error *err);
+LMC_API lmc_status lmc_send_store_bytes_ex(lmc_client *c, const char *model_name,
+                                           int64_t world_size, int64_t worker_id,
+                                           const lmc_chunks *ch, const void *const *chunks,
+                                           const size_t *chunk_lens, size_t num_chunks,
+                                           const lmc_store_options *opts, lmc_req_id *id,
+                                           lmc_error *err);
+/* The counts of a store or store_bytes reply (`r` from lmc_wait/lmc_recv). LMC_OK, or the
+ * reply's error (the counts it carries are still filled), or LMC_ERR_PROTOCOL when an ok reply
+ * lacks stored_chunks/skipped_chunks. A reply without pending_chunks (an older server) gives 0. */
+LMC_API lmc_status lmc_reply_store_result(const lmc_reply *r, lmc_store_result *out,
+                                          lmc_error *err);
 LMC_API lmc_status lmc_send_retrieve_bytes(lmc_client *c, const char *model_name,
                                            int64_t world_size, int64_t worker_id,
                                            const lmc_chunks *ch, const char *request_id,
@@ -262,7 +294,9 @@ LMC_API lmc_status lmc_lookup(lmc_client *c, const char *request_id, const char 
                               lmc_error *err);
 LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_id, bool *ready,
                                              uint64_t *hit_chunks, lmc_error *err);
-/* lookup, then query_prefetch_status every poll_us microseconds (0: 100) until ready. */
+/* lookup, then query_prefetch_status every poll_us microseconds (0: 100) until ready. The first
+ * query is sent right behind the lookup without waiting for its reply (the server runs one
+ * client's requests in order), so a lookup answered from L1 costs one round trip. */
 LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const char *model_name,
                                    int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
                                    unsigned poll_us, uint64_t *hit_chunks, lmc_error *err);
@@ -278,6 +312,17 @@ LMC_API lmc_status lmc_store_bytes(lmc_client *c, const char *model_name, int64_
                                    const void *const *chunks, const size_t *chunk_lens,
                                    size_t num_chunks, uint64_t *stored_chunks,
                                    uint64_t *skipped_chunks, lmc_error *err);
+/* store / store_bytes with options and every count of the reply. `opts` may be NULL; `res` may
+ * be NULL. On an error reply the counts it carries are still written. */
+LMC_API lmc_status lmc_store_ex(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
+                                const int64_t *block_ids, size_t num_block_ids,
+                                const lmc_store_options *opts, lmc_store_result *res,
+                                lmc_error *err);
+LMC_API lmc_status lmc_store_bytes_ex(lmc_client *c, const char *model_name, int64_t world_size,
+                                      int64_t worker_id, const lmc_chunks *ch,
+                                      const void *const *chunks, const size_t *chunk_lens,
+                                      size_t num_chunks, const lmc_store_options *opts,
+                                      lmc_store_result *res, lmc_error *err);
 /* On success *out holds the reply; read it with lmc_reply_num_chunks/lmc_reply_chunk and free it
  * with lmc_reply_free. */
 LMC_API lmc_status lmc_retrieve_bytes(lmc_client *c, const char *model_name, int64_t world_size,

@@ -6,10 +6,12 @@
  * taken before the store, locally and through `POST /cache/checksums`); exit 1 on any mismatch.
  * throughput: N clients (threads, one DEALER and one shared-memory KV cache each) store and
  * retrieve their prompts through shared memory and then through store_bytes/retrieve_bytes;
- * prints GB/s, lookup latency percentiles and a single-thread memcpy reference of the same run.
+ * prints GB/s, minor page faults per phase (this process, and the server's with --server-pid),
+ * lookup latency percentiles (of the throughput prompts, and of 4- and 128-chunk prompts of small
+ * objects) and a single-thread memcpy reference of the same run.
  * echo: the floor under every data-plane number: a bare ZMQ DEALER/ROUTER echo over loopback tcp
- * of --echo-mib messages (the server thread sends back the very message it received), the
- * transport alone without msgpack, L1 or shared memory. */
+ * or ipc of --echo-mib messages (the server thread, in a ZMQ context of its own, sends back the
+ * very message it received), the transport alone without msgpack, L1 or shared memory. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stddef.h>
@@ -20,11 +22,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
+#include <malloc.h>
 #include <zmq.h>
 
 #include "base/clock.h"
@@ -54,6 +58,11 @@ struct opts {
     int bytes_path; /* throughput: also measure store_bytes/retrieve_bytes */
     int warmup;     /* throughput: untimed store pass, then `clear`, before the timed phases */
     int echo_mib;   /* echo: message size */
+    const char *endpoint; /* full ZMQ endpoint of the server (ipc://...); overrides host/port */
+    const char *echo_endpoint; /* echo: tcp | ipc */
+    int server_pid;            /* > 0: page faults of that process are printed per phase */
+    int lookup_samples;        /* throughput: lookups per size in the lookup-latency phase */
+    int malloc_tuning;         /* the server's malloc set-up in this process too */
 };
 
 enum opt_kind { OPT_STR, OPT_INT, OPT_LL, OPT_FLAG_OFF, OPT_FLAG_ON };
@@ -93,6 +102,18 @@ static const struct option_row {
       "server's mappings and L1 pages already touched"),
     O("--echo-mib", OPT_INT, echo_mib,
       "echo: message size in MiB (--rounds x 8 round trips, at least 512 MiB)"),
+    O("--endpoint", OPT_STR, endpoint,
+      "full ZMQ endpoint of the server, e.g. ipc:///run/lmcache.sock (instead of --host/--port)"),
+    O("--echo-endpoint", OPT_STR, echo_endpoint, "echo: tcp (loopback) | ipc (Unix socket)"),
+    O("--server-pid", OPT_INT, server_pid,
+      "throughput: pid of the server; its minor page faults are printed per phase (from "
+      "/proc/PID/stat)"),
+    O("--malloc-default", OPT_FLAG_OFF, malloc_tuning,
+      "keep glibc's default malloc in this process (by default it is set up as the server's: one "
+      "arena, no mmap per large message)"),
+    O("--lookup-samples", OPT_INT, lookup_samples,
+      "throughput: lookups of a 4- and a 128-chunk prompt (small objects, model <model>-lat) "
+      "timed after the other phases; 0 skips them"),
 #undef O
 };
 #define NOPTIONS (sizeof(OPTIONS) / sizeof(OPTIONS[0]))
@@ -423,6 +444,36 @@ static int make_shape(const struct opts *o, uint64_t chunk, struct shape *sh) {
     return 0;
 }
 
+/* Connects to --endpoint when given, else tcp://--host:--port. */
+static lmc_status bench_connect(const struct opts *o, const lmc_client_options *co, lmc_client **c,
+                                lmc_error *e) {
+    if (o->endpoint && *o->endpoint) return lmc_client_connect_endpoint(o->endpoint, co, c, e);
+    return lmc_client_connect(o->host, o->port, co, c, e);
+}
+
+/* Minor page faults: of this process (getrusage), and of pid from /proc/pid/stat (field 10);
+ * -1 when unknown. */
+static long long minflt_self(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (long long)ru.ru_minflt : -1;
+}
+
+static long long minflt_of(int pid) {
+    if (pid <= 0) return -1;
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* The command name may hold spaces and parentheses: fields count from the last ')'. */
+    char *p = strrchr(buf, ')');
+    long long v = -1;
+    if (p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %lld", &v) != 1) v = -1;
+    return v;
+}
+
 static void perr(const char *what, const lmc_error *e) {
     fprintf(stderr, "lmcache bench server: %s: %s (%s)\n", what, e->message, e->code);
 }
@@ -433,7 +484,7 @@ static int run_correctness(const struct opts *o) {
     lmc_client *c;
     lmc_error e;
     lmc_client_options co = {.timeout_ms = o->timeout_ms};
-    if (lmc_client_connect(o->host, o->port, &co, &c, &e) != LMC_OK) {
+    if (bench_connect(o, &co, &c, &e) != LMC_OK) {
         perr("connect", &e);
         return 1;
     }
@@ -617,8 +668,7 @@ static void *worker_main(void *arg) {
         fprintf(stderr, "client %d: out of memory\n", w->idx);
         w->failed = 1;
     }
-    if (!w->failed && lmc_client_connect(o->host, o->port, &co, &c, &e) != LMC_OK)
-        fail(w, "connect", &e);
+    if (!w->failed && bench_connect(o, &co, &c, &e) != LMC_OK) fail(w, "connect", &e);
     if (!w->failed) {
         lmc_register_args ra = {.instance_id = inst, .model_name = o->model, .layout = sh->layout};
         if (lmc_register_kv_cache(c, &ra, &kv, &e) != LMC_OK)
@@ -759,6 +809,90 @@ static double pct(const double *v, size_t n, double p) {
     return v[i < n ? i : n - 1];
 }
 
+/* Lookup latency as an engine sees it before scheduling a request: lmc_lookup_wait (lookup +
+ * query_prefetch_status until ready) and end_session, on a prompt whose chunks are all in L1.
+ * The objects are 4 KiB, stored with store_bytes under model <model>-lat (no KV cache is
+ * registered for it), so the figure is the round trip and the per-chunk work, not copies.
+ * Prints p50/p90/p99/max for 4- and 128-chunk prompts. */
+static int lookup_latency(const struct opts *o, const lmc_client_options *co, uint64_t chunk) {
+    enum { MAXCH = 128, OBJ = 4096 };
+    lmc_client *c = NULL;
+    lmc_error e;
+    char model[300];
+    snprintf(model, sizeof(model), "%s-lat", o->model);
+    uint32_t *toks = malloc(MAXCH * chunk * sizeof(uint32_t));
+    unsigned char *obj = malloc(OBJ);
+    const void **bufs = malloc(MAXCH * sizeof(void *));
+    size_t *lens = malloc(MAXCH * sizeof(size_t));
+    double *lat = malloc((size_t)o->lookup_samples * sizeof(double));
+    static uint8_t hashes[MAXCH * 32];
+    int rc = 1;
+    if (!toks || !obj || !bufs || !lens || !lat) {
+        fprintf(stderr, "lmcache bench server: out of memory\n");
+        goto out;
+    }
+    prompt_tokens(toks, MAXCH * chunk, (uint64_t)o->seed * 31u + 17u);
+    fill_random(obj, OBJ, (uint64_t)o->seed);
+    fill_random(hashes, sizeof(hashes), (uint64_t)o->seed * 7u + 3u);
+    for (int i = 0; i < MAXCH; i++) {
+        bufs[i] = obj;
+        lens[i] = OBJ;
+    }
+    lmc_chunks all = {.token_ids = toks, .num_tokens = MAXCH * chunk, .end = -1};
+    lmc_chunks allh = {
+        .chunk_hashes = hashes, .num_chunk_hashes = MAXCH, .hash_len = 32, .end = -1};
+    if (bench_connect(o, co, &c, &e) != LMC_OK ||
+        lmc_store_bytes(c, model, 1, 0, &all, bufs, lens, MAXCH, NULL, NULL, &e) != LMC_OK ||
+        lmc_store_bytes(c, model, 1, 0, &allh, bufs, lens, MAXCH, NULL, NULL, &e) != LMC_OK) {
+        perr("lookup latency: store_bytes", &e);
+        goto out;
+    }
+    /* 4 and 128 chunks named by token_ids (the whole prompt is sent and hashed by the server),
+     * and 128 chunks named by chunk_hashes (32 bytes per chunk on the wire). */
+    static const int sizes[3] = {4, MAXCH, MAXCH};
+    for (int k = 0; k < 3; k++) {
+        int by_hash = k == 2;
+        lmc_chunks ch = {.token_ids = toks, .num_tokens = (size_t)sizes[k] * chunk, .end = -1};
+        if (by_hash) ch = allh;
+        for (int i = -8; i < o->lookup_samples; i++) { /* 8 untimed */
+            char rid[64];
+            uint64_t hits = 0;
+            snprintf(rid, sizeof(rid), "lat-%d-%d", k, i);
+            double t0 = clock_mono();
+            if (lmc_lookup_wait(c, rid, model, 1, &ch, 1, 20, &hits, &e) != LMC_OK) {
+                perr("lookup latency: lookup", &e);
+                goto out;
+            }
+            double dt = clock_mono() - t0;
+            if (lmc_end_session(c, rid, &e) != LMC_OK) {
+                perr("lookup latency: end_session", &e);
+                goto out;
+            }
+            if (hits != (uint64_t)sizes[k]) {
+                fprintf(stderr, "lmcache bench server: lookup latency: %llu of %d chunks hit\n",
+                        (unsigned long long)hits, sizes[k]);
+                goto out;
+            }
+            if (i >= 0) lat[i] = dt;
+        }
+        size_t n = (size_t)o->lookup_samples;
+        qsort(lat, n, sizeof(double), cmp_double);
+        printf("lookup %3d chunks by %-12s (lookup_wait until ready, %zu samples): p50 %.1f us, "
+               "p90 %.1f us, p99 %.1f us, max %.1f us\n",
+               sizes[k], by_hash ? "chunk_hashes" : "token_ids", n, pct(lat, n, 50) * 1e6,
+               pct(lat, n, 90) * 1e6, pct(lat, n, 99) * 1e6, lat[n - 1] * 1e6);
+    }
+    rc = 0;
+out:
+    lmc_client_close(c);
+    free(toks);
+    free(obj);
+    free(bufs);
+    free(lens);
+    free(lat);
+    return rc;
+}
+
 static int run_throughput(const struct opts *o) {
     lmc_client *c;
     lmc_error e;
@@ -770,8 +904,7 @@ static int run_throughput(const struct opts *o) {
                 MAX_ROUNDS);
         return 2;
     }
-    if (lmc_client_connect(o->host, o->port, &co, &c, &e) != LMC_OK ||
-        lmc_get_chunk_size(c, &chunk, &e) != LMC_OK) {
+    if (bench_connect(o, &co, &c, &e) != LMC_OK || lmc_get_chunk_size(c, &chunk, &e) != LMC_OK) {
         perr("get_chunk_size", &e);
         lmc_client_close(c);
         return 1;
@@ -820,8 +953,7 @@ static int run_throughput(const struct opts *o) {
     if (o->warmup) {
         pthread_barrier_wait(&bar);
         uint64_t cleared = 0;
-        if (lmc_client_connect(o->host, o->port, &co, &c, &e) != LMC_OK ||
-            lmc_clear(c, &cleared, &e) != LMC_OK) {
+        if (bench_connect(o, &co, &c, &e) != LMC_OK || lmc_clear(c, &cleared, &e) != LMC_OK) {
             perr("clear after the warm-up", &e);
             rc = 1;
         } else {
@@ -830,13 +962,20 @@ static int run_throughput(const struct opts *o) {
         lmc_client_close(c);
         pthread_barrier_wait(&bar);
     }
+    long long sflt[NPHASE] = {0}, cflt[NPHASE] = {0};
     for (int i = 0; i < np; i++) {
         pthread_barrier_wait(&bar);
+        long long s0 = minflt_of(o->server_pid), c0 = minflt_self();
         double t0 = clock_mono();
         pthread_barrier_wait(&bar);
         secs[phases[i]] += clock_mono() - t0;
+        long long s1 = minflt_of(o->server_pid), c1 = minflt_self();
+        sflt[phases[i]] += s0 >= 0 && s1 >= 0 ? s1 - s0 : 0;
+        cflt[phases[i]] += c1 - c0;
     }
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < o->clients; i++) rc |= w[i].failed;
+    if (!rc && o->lookup_samples > 0 && lookup_latency(o, &co, chunk) != 0) rc = 1;
     /* The reference is taken before and after the phases; ratios use the higher one. */
     double ref_after = bench_memcpy_gbps(0, 1.0);
     double ref = ref_before > ref_after ? ref_before : ref_after;
@@ -856,8 +995,12 @@ static int run_throughput(const struct opts *o) {
     for (int p = 0; p < NPHASE; p++) {
         if (p == PH_LOOKUP || secs[p] == 0) continue;
         double g = (double)bytes[p] / secs[p] / 1e9;
-        printf("%-15s %8.2f GB/s  (%.2f GiB in %.3f s, %.0f%% of memcpy)\n", PHASE_NAMES[p], g,
-               (double)bytes[p] / (1 << 30), secs[p], ref > 0 ? 100.0 * g / ref : 0.0);
+        char srv[48] = "";
+        if (o->server_pid > 0) snprintf(srv, sizeof(srv), "%lld server / ", sflt[p]);
+        printf("%-15s %8.2f GB/s  (%.2f GiB in %.3f s, %.0f%% of memcpy; minor faults: %s%lld "
+               "client)\n",
+               PHASE_NAMES[p], g, (double)bytes[p] / (1 << 30), secs[p],
+               ref > 0 ? 100.0 * g / ref : 0.0, srv, cflt[p]);
     }
     printf("lookup latency (lookup + query_prefetch_status until ready, %zu samples): p50 %.1f us, "
            "p90 %.1f us, p99 %.1f us, max %.1f us\n",
@@ -909,19 +1052,35 @@ static int run_echo(const struct opts *o) {
         fprintf(stderr, "lmcache bench server: --echo-mib must be 1..1024\n");
         return 2;
     }
-    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER),
-         *dealer = zmq_socket(ctx, ZMQ_DEALER);
-    char ep[128];
+    /* Two contexts, as two processes would have: each side gets its own I/O thread. */
+    void *ctx = zmq_ctx_new(), *sctx = zmq_ctx_new();
+    void *router = ctx && sctx ? zmq_socket(sctx, ZMQ_ROUTER) : NULL;
+    void *dealer = router ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
+    char ep[300], ipc_dir[64] = "";
     size_t eplen = sizeof(ep);
     unsigned char *buf = malloc(n);
     pthread_t th;
-    int th_started = 0, zero = 0;
+    int th_started = 0, zero = 0, ipc = o->echo_endpoint && !strcmp(o->echo_endpoint, "ipc");
+    if (o->echo_endpoint && !ipc && strcmp(o->echo_endpoint, "tcp")) {
+        fprintf(stderr, "lmcache bench server: --echo-endpoint must be tcp or ipc\n");
+        rc = 2;
+        goto out;
+    }
     if (!buf || !router || !dealer) goto out;
     fill_random(buf, n, (uint64_t)o->seed);
     zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof(zero));
-    if (zmq_bind(router, "tcp://127.0.0.1:*") != 0 ||
-        zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &eplen) != 0 || zmq_connect(dealer, ep) != 0)
+    if (ipc) {
+        snprintf(ipc_dir, sizeof(ipc_dir), "/tmp/lmcache-echo-XXXXXX");
+        if (!mkdtemp(ipc_dir)) {
+            ipc_dir[0] = 0;
+            goto out;
+        }
+        snprintf(ep, sizeof(ep), "ipc://%s/echo.sock", ipc_dir);
+        if (zmq_bind(router, ep) != 0 || zmq_connect(dealer, ep) != 0) goto out;
+    } else if (zmq_bind(router, "tcp://127.0.0.1:*") != 0 ||
+               zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &eplen) != 0 ||
+               zmq_connect(dealer, ep) != 0)
         goto out;
     if (pthread_create(&th, NULL, echo_router, router) != 0) goto out;
     th_started = 1;
@@ -943,18 +1102,27 @@ static int run_echo(const struct opts *o) {
     double g = (double)n * rounds / secs / 1e9;
     printf("memcpy reference (1 thread, 64 MiB buffers): %.2f GB/s before, %.2f GB/s after\n",
            ref_before, ref_after);
-    printf("%-15s %8.2f GB/s  (%d round trips of %d MiB in %.3f s, %.0f%% of memcpy)\n", "zmq echo",
-           g, rounds, o->echo_mib, secs, ref > 0 ? 100.0 * g / ref : 0.0);
+    printf("%-15s %8.2f GB/s  (%d round trips of %d MiB over %s in %.3f s, %.0f%% of memcpy)\n",
+           "zmq echo", g, rounds, o->echo_mib, ipc ? "ipc" : "tcp", secs,
+           ref > 0 ? 100.0 * g / ref : 0.0);
     rc = 0;
 out:
-    if (rc) fprintf(stderr, "lmcache bench server: echo failed: %s\n", zmq_strerror(zmq_errno()));
+    if (rc == 1)
+        fprintf(stderr, "lmcache bench server: echo failed: %s\n", zmq_strerror(zmq_errno()));
     if (th_started) {
         zmq_send(dealer, "", 0, 0); /* an empty message stops the echo thread */
         pthread_join(th, NULL);
     }
     if (router) zmq_close(router);
     if (dealer) zmq_close(dealer);
-    zmq_ctx_term(ctx);
+    if (ctx) zmq_ctx_term(ctx);
+    if (sctx) zmq_ctx_term(sctx);
+    if (ipc_dir[0]) {
+        char sock[128];
+        snprintf(sock, sizeof(sock), "%s/echo.sock", ipc_dir);
+        unlink(sock);
+        rmdir(ipc_dir);
+    }
     free(buf);
     return rc;
 }
@@ -982,7 +1150,12 @@ int bench_server_main(int argc, char **argv) {
                      .seed = -1,
                      .bytes_path = 1,
                      .warmup = 0,
-                     .echo_mib = 32};
+                     .echo_mib = 32,
+                     .endpoint = NULL,
+                     .echo_endpoint = "tcp",
+                     .server_pid = 0,
+                     .lookup_samples = 200,
+                     .malloc_tuning = 1};
     struct opts defaults = o;
     defaults.http_host = "--host";
     int r = parse(argc, argv, &o);
@@ -991,6 +1164,15 @@ int bench_server_main(int argc, char **argv) {
         return r > 0 ? 0 : 2;
     }
     if (!o.http_host) o.http_host = o.host;
+#ifdef __GLIBC__
+    if (o.malloc_tuning) {
+        /* What an engine process can do for its receive buffers (docs/client.md), as the server
+         * does for its own (dataplane_tune_malloc): one arena, no fresh mmap per large message. */
+        (void)mallopt(M_ARENA_MAX, 1);
+        (void)mallopt(M_MMAP_MAX, 0);
+        (void)mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    }
+#endif
     if (o.seed < 0) o.seed = (long long)(time(NULL) ^ ((long long)getpid() << 16)) & 0xffffffffll;
     if (!strcmp(o.mode, "correctness")) return run_correctness(&o);
     if (!strcmp(o.mode, "throughput")) return run_throughput(&o);

@@ -504,12 +504,20 @@ LMC_API lmc_status lmc_send_retrieve(lmc_client *c, int64_t instance_id, const l
 LMC_API lmc_status lmc_send_store(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
                                   const int64_t *block_ids, size_t num_block_ids, lmc_req_id *id,
                                   lmc_error *err) {
+    return lmc_send_store_ex(c, instance_id, ch, block_ids, num_block_ids, NULL, id, err);
+}
+
+LMC_API lmc_status lmc_send_store_ex(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
+                                     const int64_t *block_ids, size_t num_block_ids,
+                                     const lmc_store_options *opts, lmc_req_id *id,
+                                     lmc_error *err) {
     lmcc_clear_error(err);
     if (!block_ids && num_block_ids) return bad_arg(err, "block_ids is NULL");
     struct lmcc_map m;
     lmcc_map_init(&m);
     lmcc_put_int(&m, "instance_id", instance_id);
     lmcc_put_i64_array(&m, "block_ids", block_ids, num_block_ids);
+    if (opts && opts->wait_l2) lmcc_put_bool(&m, "wait_l2", true);
     lmc_status s = lmcc_put_chunks(&m, ch, err);
     if (s != LMC_OK) {
         lmcc_map_destroy(&m);
@@ -529,13 +537,41 @@ LMC_API lmc_status lmc_send_store_bytes(lmc_client *c, const char *model_name, i
                                         int64_t worker_id, const lmc_chunks *ch,
                                         const void *const *chunks, const size_t *chunk_lens,
                                         size_t num_chunks, lmc_req_id *id, lmc_error *err) {
+    return lmc_send_store_bytes_ex(c, model_name, world_size, worker_id, ch, chunks, chunk_lens,
+                                   num_chunks, NULL, id, err);
+}
+
+LMC_API lmc_status lmc_send_store_bytes_ex(lmc_client *c, const char *model_name,
+                                           int64_t world_size, int64_t worker_id,
+                                           const lmc_chunks *ch, const void *const *chunks,
+                                           const size_t *chunk_lens, size_t num_chunks,
+                                           const lmc_store_options *opts, lmc_req_id *id,
+                                           lmc_error *err) {
     lmcc_clear_error(err);
     if (!model_name) return bad_arg(err, "model_name is required");
     if (num_chunks && (!chunks || !chunk_lens)) return bad_arg(err, "chunks is NULL");
     if (num_chunks > UINT32_MAX) return bad_arg(err, "too many chunks");
+    size_t total = 0;
+    for (size_t i = 0; i < num_chunks; i++) {
+        if (chunk_lens[i] > UINT32_MAX) return bad_arg(err, "a chunk is larger than 4 GiB");
+        if (total + chunk_lens[i] + 5 < total) return bad_arg(err, "chunks too large");
+        total += chunk_lens[i] + 5; /* bin32 header */
+    }
     struct lmcc_map m;
     lmcc_map_init(&m);
+    /* One allocation for the whole payload: no regrowth copies of large chunks. */
+    size_t fields = 1024 + strlen(model_name);
+    if (ch) {
+        fields += ch->num_tokens * 5 + ch->num_chunk_hashes * (ch->hash_len + 2);
+        if (ch->cache_salt) fields += strlen(ch->cache_salt);
+    }
+    if (total + fields < total || lmcc_map_reserve(&m, total + fields) != 0) {
+        lmcc_map_destroy(&m);
+        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory for a %zu-byte payload", total);
+        return LMC_ERR_NO_MEMORY;
+    }
     put_rank(&m, model_name, world_size, worker_id);
+    if (opts && opts->wait_l2) lmcc_put_bool(&m, "wait_l2", true);
     lmc_status s = lmcc_put_chunks(&m, ch, err);
     if (s != LMC_OK) {
         lmcc_map_destroy(&m);
@@ -543,15 +579,10 @@ LMC_API lmc_status lmc_send_store_bytes(lmc_client *c, const char *model_name, i
     }
     lmcc_put_key(&m, "chunks");
     if (msgpack_pack_array(&m.pk, num_chunks) != 0) m.failed = 1;
-    for (size_t i = 0; i < num_chunks && !m.failed; i++) {
-        if (chunk_lens[i] > UINT32_MAX) {
-            lmcc_map_destroy(&m);
-            return bad_arg(err, "a chunk is larger than 4 GiB");
-        }
+    for (size_t i = 0; i < num_chunks && !m.failed; i++)
         if (msgpack_pack_bin(&m.pk, chunk_lens[i]) != 0 ||
             msgpack_pack_bin_body(&m.pk, chunks[i], chunk_lens[i]) != 0)
             m.failed = 1;
-    }
     return send_map(c, "store_bytes", &m, id, err);
 }
 
@@ -694,24 +725,27 @@ LMC_API lmc_status lmc_lookup(lmc_client *c, const char *request_id, const char 
     return s;
 }
 
+/* The ready/hit_chunks of a query_prefetch_status reply (the reply's own error otherwise). */
+static lmc_status query_result(lmc_status s, lmc_reply *r, bool *ready, uint64_t *hit_chunks,
+                               lmc_error *err) {
+    if (s != LMC_OK) return s;
+    bool rd;
+    if (!lmc_reply_get_bool(r, "ready", &rd)) {
+        lmcc_set_error(err, LMC_ERR_PROTOCOL, "query_prefetch_status reply lacks 'ready'");
+        return LMC_ERR_PROTOCOL;
+    }
+    if (ready) *ready = rd;
+    if (rd) return need_u64(r, "hit_chunks", hit_chunks, err);
+    if (hit_chunks) *hit_chunks = 0;
+    return LMC_OK;
+}
+
 LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_id, bool *ready,
                                              uint64_t *hit_chunks, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
     lmc_status s = finish(c, lmc_send_query_prefetch_status(c, request_id, &id, err), &id, &r, err);
-    if (s == LMC_OK) {
-        bool rd;
-        if (!lmc_reply_get_bool(r, "ready", &rd)) {
-            lmcc_set_error(err, LMC_ERR_PROTOCOL, "query_prefetch_status reply lacks 'ready'");
-            s = LMC_ERR_PROTOCOL;
-        } else {
-            if (ready) *ready = rd;
-            if (rd)
-                s = need_u64(r, "hit_chunks", hit_chunks, err);
-            else if (hit_chunks)
-                *hit_chunks = 0;
-        }
-    }
+    s = query_result(s, r, ready, hit_chunks, err);
     lmc_reply_free(r);
     return s;
 }
@@ -719,12 +753,41 @@ LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_
 LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const char *model_name,
                                    int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
                                    unsigned poll_us, uint64_t *hit_chunks, lmc_error *err) {
-    lmc_status s = lmc_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, err);
+    lmc_req_id lid = 0, qid = 0;
+    lmc_reply *r = NULL;
+    lmc_status s =
+        lmc_send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, &lid, err);
     if (s != LMC_OK) return s;
+    /* The first query rides behind the lookup: the server runs them in this order. */
+    lmc_error qerr;
+    lmc_status qs = lmc_send_query_prefetch_status(c, request_id, &qid, &qerr);
+    s = finish(c, LMC_OK, &lid, &r, err);
+    lmc_reply_free(r);
+    r = NULL;
+    if (qs != LMC_OK) {
+        if (s == LMC_OK && err) *err = qerr;
+        return s != LMC_OK ? s : qs;
+    }
+    if (s != LMC_OK) {
+        /* Its reply (if any) is of no use now; a timed-out lookup leaves the query pending. */
+        if (s == LMC_ERR_TIMEOUT)
+            abandon(c, qid);
+        else {
+            lmc_error ignored;
+            (void)finish(c, LMC_OK, &qid, &r, &ignored);
+            lmc_reply_free(r);
+        }
+        return s;
+    }
+    bool ready = false;
+    s = finish(c, LMC_OK, &qid, &r, err);
+    s = query_result(s, r, &ready, hit_chunks, err);
+    lmc_reply_free(r);
+    if (s != LMC_OK || ready) return s;
     int64_t deadline = now_ms() + c->timeout_ms;
     struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(poll_us ? poll_us : 100) * 1000};
     for (;;) {
-        bool ready = false;
+        nanosleep(&ts, NULL);
         s = lmc_query_prefetch_status(c, request_id, &ready, hit_chunks, err);
         if (s != LMC_OK || ready) return s;
         if (now_ms() > deadline) {
@@ -732,7 +795,6 @@ LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const 
                            c->timeout_ms);
             return LMC_ERR_TIMEOUT;
         }
-        nanosleep(&ts, NULL);
     }
 }
 
@@ -754,27 +816,79 @@ LMC_API lmc_status lmc_retrieve(lmc_client *c, int64_t instance_id, const lmc_ch
     return s;
 }
 
-static lmc_status store_counts(lmc_status s, lmc_reply *r, uint64_t *stored, uint64_t *skipped,
-                               lmc_error *err) {
-    if (s == LMC_OK) {
-        s = need_u64(r, "stored_chunks", stored, err);
-        if (s == LMC_OK) s = need_u64(r, "skipped_chunks", skipped, err);
-    } else {
-        out_u64(r, "stored_chunks", stored);
-        out_u64(r, "skipped_chunks", skipped);
+LMC_API lmc_status lmc_reply_store_result(const lmc_reply *r, lmc_store_result *out,
+                                          lmc_error *err) {
+    lmc_store_result res;
+    memset(&res, 0, sizeof(res));
+    lmcc_clear_error(err);
+    lmc_status s = lmc_reply_status(r, err);
+    bool have = lmc_reply_get_u64(r, "stored_chunks", &res.stored_chunks);
+    have = lmc_reply_get_u64(r, "skipped_chunks", &res.skipped_chunks) && have;
+    (void)lmc_reply_get_u64(r, "pending_chunks", &res.pending_chunks);
+    res.has_l2_stored = lmc_reply_get_u64(r, "l2_stored_chunks", &res.l2_stored_chunks);
+    if (s == LMC_OK && !have) {
+        lmcc_set_error(err, LMC_ERR_PROTOCOL,
+                       "%s reply lacks unsigned integers 'stored_chunks' and 'skipped_chunks'",
+                       lmc_reply_op(r));
+        s = LMC_ERR_PROTOCOL;
     }
+    if (out) *out = res;
+    return s;
+}
+
+/* The counts of a finished store call: from the reply when there is one (ok or an error reply),
+ * zeros after a client-side failure. */
+static lmc_status store_result(lmc_status s, lmc_reply *r, lmc_store_result *res, lmc_error *err) {
+    if (!r) {
+        if (res) memset(res, 0, sizeof(*res));
+        return s;
+    }
+    lmc_error e2;
+    lmc_status s2 = lmc_reply_store_result(r, res, &e2);
+    if (s == LMC_OK && s2 != LMC_OK) {
+        if (err) *err = e2;
+        return s2;
+    }
+    return s;
+}
+
+LMC_API lmc_status lmc_store_ex(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
+                                const int64_t *block_ids, size_t num_block_ids,
+                                const lmc_store_options *opts, lmc_store_result *res,
+                                lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s =
+        finish(c, lmc_send_store_ex(c, instance_id, ch, block_ids, num_block_ids, opts, &id, err),
+               &id, &r, err);
+    s = store_result(s, r, res, err);
+    lmc_reply_free(r);
+    return s;
+}
+
+LMC_API lmc_status lmc_store_bytes_ex(lmc_client *c, const char *model_name, int64_t world_size,
+                                      int64_t worker_id, const lmc_chunks *ch,
+                                      const void *const *chunks, const size_t *chunk_lens,
+                                      size_t num_chunks, const lmc_store_options *opts,
+                                      lmc_store_result *res, lmc_error *err) {
+    lmc_req_id id = 0;
+    lmc_reply *r;
+    lmc_status s = finish(c,
+                          lmc_send_store_bytes_ex(c, model_name, world_size, worker_id, ch, chunks,
+                                                  chunk_lens, num_chunks, opts, &id, err),
+                          &id, &r, err);
+    s = store_result(s, r, res, err);
+    lmc_reply_free(r);
     return s;
 }
 
 LMC_API lmc_status lmc_store(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
                              const int64_t *block_ids, size_t num_block_ids,
                              uint64_t *stored_chunks, uint64_t *skipped_chunks, lmc_error *err) {
-    lmc_req_id id = 0;
-    lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_store(c, instance_id, ch, block_ids, num_block_ids, &id, err),
-                          &id, &r, err);
-    s = store_counts(s, r, stored_chunks, skipped_chunks, err);
-    lmc_reply_free(r);
+    lmc_store_result res;
+    lmc_status s = lmc_store_ex(c, instance_id, ch, block_ids, num_block_ids, NULL, &res, err);
+    if (stored_chunks) *stored_chunks = res.stored_chunks;
+    if (skipped_chunks) *skipped_chunks = res.skipped_chunks;
     return s;
 }
 
@@ -783,14 +897,11 @@ LMC_API lmc_status lmc_store_bytes(lmc_client *c, const char *model_name, int64_
                                    const void *const *chunks, const size_t *chunk_lens,
                                    size_t num_chunks, uint64_t *stored_chunks,
                                    uint64_t *skipped_chunks, lmc_error *err) {
-    lmc_req_id id = 0;
-    lmc_reply *r;
-    lmc_status s = finish(c,
-                          lmc_send_store_bytes(c, model_name, world_size, worker_id, ch, chunks,
-                                               chunk_lens, num_chunks, &id, err),
-                          &id, &r, err);
-    s = store_counts(s, r, stored_chunks, skipped_chunks, err);
-    lmc_reply_free(r);
+    lmc_store_result res;
+    lmc_status s = lmc_store_bytes_ex(c, model_name, world_size, worker_id, ch, chunks, chunk_lens,
+                                      num_chunks, NULL, &res, err);
+    if (stored_chunks) *stored_chunks = res.stored_chunks;
+    if (skipped_chunks) *skipped_chunks = res.skipped_chunks;
     return s;
 }
 

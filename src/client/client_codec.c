@@ -87,6 +87,15 @@ int lmcc_map_finish(struct lmcc_map *m) {
 
 void lmcc_map_destroy(struct lmcc_map *m) { msgpack_sbuffer_destroy(&m->buf); }
 
+int lmcc_map_reserve(struct lmcc_map *m, size_t extra) {
+    if (m->buf.size + extra <= m->buf.alloc) return 0;
+    char *p = realloc(m->buf.data, m->buf.size + extra);
+    if (!p) return -1;
+    m->buf.data = p;
+    m->buf.alloc = m->buf.size + extra;
+    return 0;
+}
+
 void lmcc_put_key(struct lmcc_map *m, const char *key) {
     size_t n = strlen(key);
     if (msgpack_pack_str(&m->pk, n) != 0 || msgpack_pack_str_body(&m->pk, key, n) != 0)

@@ -21,6 +21,9 @@ void lmcc_map_init(struct lmcc_map *m);
 /* Patches the header; returns 0, or -1 when a write failed. */
 int lmcc_map_finish(struct lmcc_map *m);
 void lmcc_map_destroy(struct lmcc_map *m);
+/* Makes room for `extra` more bytes at once (a large payload then costs one allocation and no
+ * regrowth copies). 0, or -1 when out of memory. */
+int lmcc_map_reserve(struct lmcc_map *m, size_t extra);
 
 /* A key of the map; the caller packs its value next (counted as one field). */
 void lmcc_put_key(struct lmcc_map *m, const char *key);

@@ -43,6 +43,7 @@ int server_main(int argc, char **argv) {
         return 2;
     }
     if (cfg.log_level) log_set_level(log_get("lmcache"), log_level_parse(cfg.log_level));
+    dataplane_tune_malloc(&cfg); /* before any thread exists */
     struct logger *lg = log_get("lmcache.server");
     /* Token and TLS files are option values: a bad one is reported before anything starts. */
     struct admin_options aopt;

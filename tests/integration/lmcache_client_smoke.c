@@ -101,6 +101,20 @@ int main(int argc, char **argv) {
     expect("store stored 2 chunks", stored == 2 && skipped == 0);
     check("store again", lmc_store(c, 7, &ch, blocks, 2 * bpc, &stored, &skipped, &e), &e);
     expect("existing chunks skipped", stored == 0 && skipped == 2);
+    /* Every count of the reply; wait_l2 without L2 tiers answers l2_stored_chunks = 0. */
+    lmc_store_options so = {.wait_l2 = true};
+    lmc_store_result sr;
+    memset(&sr, 0xff, sizeof(sr));
+    check("store_ex wait_l2", lmc_store_ex(c, 7, &ch, blocks, 2 * bpc, &so, &sr, &e), &e);
+    expect("store_ex counts", sr.stored_chunks == 0 && sr.skipped_chunks == 2 &&
+                                  sr.pending_chunks == 0 && sr.has_l2_stored &&
+                                  sr.l2_stored_chunks == 0);
+    check("store_ex", lmc_store_ex(c, 7, &ch, blocks, 2 * bpc, NULL, &sr, &e), &e);
+    expect("store_ex without wait_l2 has no l2_stored_chunks", !sr.has_l2_stored);
+    /* A failing lookup_wait (the lookup is refused) leaves no reply behind. */
+    s = lmc_lookup_wait(c, "smoke-bad", "bad@model", 1, &ch, 1, 0, &hits, &e);
+    expect("lookup_wait of a bad model name is bad_request", s == LMC_ERR_BAD_REQUEST);
+    expect("nothing left in flight after a failed lookup_wait", lmc_in_flight(c) == 0);
 
     memset(base, 0, size);
     check("lookup (warm)", lmc_lookup_wait(c, "smoke-2", "smoke-model", 1, &ch, 1, 0, &hits, &e),
@@ -149,6 +163,10 @@ int main(int argc, char **argv) {
     size_t lens[1] = {2 * LAYERS * chunk * BPT};
     check("store_bytes",
           lmc_store_bytes(c, "smoke-model", 1, 0, &ch2, bufs, lens, 1, &stored, &skipped, &e), &e);
+    check("store_bytes_ex wait_l2",
+          lmc_store_bytes_ex(c, "smoke-model", 1, 0, &ch2, bufs, lens, 1, &so, &sr, &e), &e);
+    expect("store_bytes_ex counts", sr.stored_chunks == 0 && sr.skipped_chunks == 1 &&
+                                        sr.pending_chunks == 0 && sr.has_l2_stored);
     r = NULL;
     check("retrieve_bytes", lmc_retrieve_bytes(c, "smoke-model", 1, 0, &ch2, NULL, &r, &e), &e);
     if (r && lmc_reply_chunk(r, 0, &b0, &l0))

@@ -134,3 +134,46 @@ def test_bench_throughput_warmup_clears_first(make_server):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "warm-up: stored and cleared 4 objects" in r.stdout
     assert "store_bytes" not in r.stdout
+
+
+def _faults(out, phase):
+    m = re.search(re.escape(phase) + r" .*minor faults: (\d+) server / (\d+) client", out)
+    assert m, out
+    return int(m.group(1)), int(m.group(2))
+
+
+@pytest.mark.skipif(bool(sanitizer_flags()),
+                    reason="a sanitizer's allocator replaces glibc malloc and its set-up")
+def test_large_messages_reuse_server_memory(make_server):
+    # 36 MiB objects, one per prompt: every retrieve_bytes reply and store_bytes request is one
+    # allocation above glibc's mmap threshold. With the data plane's malloc set-up the server
+    # reuses freed memory; before it, each reply cost one page fault per 4 KiB (36 MiB: 9216).
+    s = make_server(l1_size_gb="0.5")
+    r = bench(s, "--mode", "throughput", "--layers", "36", "--kv-heads", "8", "--head-dim", "128",
+              "--prompt-tokens", "256", "--prompts", "2", "--rounds", "2",
+              "--lookup-samples", "0", "--server-pid", str(s.proc.pid))
+    assert r.returncode == 0, r.stdout + r.stderr
+    server, _ = _faults(r.stdout, "retrieve_bytes")
+    assert server < 2000, r.stdout  # 4 replies of 36 MiB: 36864 faults without the reuse
+    server, _ = _faults(r.stdout, "retrieve (shm)")
+    assert server < 2000, r.stdout  # the registration mapped the shared memory in (MAP_POPULATE)
+
+
+def test_bench_prints_lookup_latency_and_faults(make_server):
+    s = make_server(l1_size_gb="0.5")
+    r = bench(s, "--mode", "throughput", "--prompts", "1", "--rounds", "1", "--no-bytes",
+              "--lookup-samples", "20", "--server-pid", str(s.proc.pid))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for what in (r"lookup   4 chunks by token_ids ", r"lookup 128 chunks by token_ids ",
+                 r"lookup 128 chunks by chunk_hashes"):
+        assert re.search(what + r".*20 samples\): p50 [\d.]+ us, p90 [\d.]+ us, p99 [\d.]+ us",
+                         r.stdout), r.stdout
+    _faults(r.stdout, "store (shm)")
+
+
+def test_bench_echo_over_tcp_and_ipc():
+    for ep in ("tcp", "ipc"):
+        r = run([BIN, "bench", "server", "--mode", "echo", "--echo-mib", "1", "--rounds", "1",
+                 "--echo-endpoint", ep])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert re.search(r"zmq echo .* GB/s .*over " + ep, r.stdout), r.stdout

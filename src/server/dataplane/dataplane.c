@@ -12,6 +12,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -85,6 +87,8 @@ struct dataplane {
     struct logger *lg;
 };
 
+static void malloc_keep_for(size_t n);
+
 /* Replaces a frame by an empty one (for an unusable request id). */
 static void msg_clear(zmq_msg_t *m) {
     zmq_msg_close(m);
@@ -134,6 +138,7 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     free(req);
     o->body = body;
     o->len = len;
+    malloc_keep_for(len);
     pthread_mutex_lock(&dp->out_lock);
     if (dp->out_tail)
         dp->out_tail->next = o;
@@ -336,6 +341,7 @@ static void receive_one(struct dataplane *dp, void *sock) {
         reject(dp, req, DP_TOO_LARGE, why);
         return;
     }
+    malloc_keep_for(zmq_msg_size(&req->payload));
     dispatch(dp, req);
 }
 
@@ -406,6 +412,47 @@ static void *loop_main(void *arg) {
     }
     send_replies(dp);
     return NULL;
+}
+
+/* Bytes of freed memory malloc keeps at the top of its heap (M_TRIM_THRESHOLD); 0 while the
+ * malloc set-up is off (another libc, or dataplane_tune_malloc not called). Only grows. */
+static _Atomic size_t malloc_keep;
+
+void dataplane_tune_malloc(const struct server_config *cfg) {
+#ifdef __GLIBC__
+    /* Every large message is one malloc: libzmq's receive buffer of a request, the reply the
+     * worker builds. glibc serves allocations over 32 MiB (and those of a thread arena over
+     * 64 MiB) with a fresh mmap and unmaps them on free, so every byte of every large message
+     * was a page fault plus zeroing by the kernel, which took most of the bytes path's time on
+     * virtual machines (docs/benchmarks.md). One arena that grows with brk and keeps freed
+     * memory at its top (--worker-queue-mb, raised to twice the largest message seen) lets the
+     * next message reuse the pages. */
+    long mb = cfg->worker_queue_mb > 0 ? cfg->worker_queue_mb : 1;
+    size_t keep = mb >= (long)(INT_MAX >> 20) ? (size_t)INT_MAX : (size_t)mb << 20;
+    (void)mallopt(M_ARENA_MAX, 1);
+    (void)mallopt(M_MMAP_MAX, 0);
+    if (mallopt(M_TRIM_THRESHOLD, (int)keep) == 1) atomic_store(&malloc_keep, keep);
+#else
+    (void)cfg;
+#endif
+}
+
+/* A message of n bytes was received or built: keep room for two of them (a request and its
+ * reply) when the heap shrinks, so the next one of that size faults in no fresh pages. */
+static pthread_mutex_t malloc_keep_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void malloc_keep_for(size_t n) {
+#ifdef __GLIBC__
+    size_t want = n > (size_t)INT_MAX / 2 ? (size_t)INT_MAX : 2 * n;
+    size_t cur = atomic_load_explicit(&malloc_keep, memory_order_relaxed);
+    if (!cur || want <= cur) return; /* the common case: no lock */
+    pthread_mutex_lock(&malloc_keep_mu);
+    if (want > atomic_load(&malloc_keep) && mallopt(M_TRIM_THRESHOLD, (int)want) == 1)
+        atomic_store(&malloc_keep, want);
+    pthread_mutex_unlock(&malloc_keep_mu);
+#else
+    (void)n;
+#endif
 }
 
 struct dataplane *dataplane_start(struct engine *e, const char *host, int port, int workers,

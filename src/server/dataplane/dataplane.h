@@ -17,6 +17,10 @@ struct server_config;
  * cannot be bound or a key file cannot be read. */
 struct dataplane *dataplane_start(struct engine *e, const char *host, int port, int workers,
                                   size_t max_message_bytes, char *err, size_t errlen);
+/* Sets the process's malloc up for large data-plane messages (one arena, no per-message mmap,
+ * up to --worker-queue-mb of freed memory kept for reuse). Call before any thread starts: an
+ * arena limit does not move threads that already have one. */
+void dataplane_tune_malloc(const struct server_config *cfg);
 /* Checks the shared-memory options (--shm-allowed-uids, --shm-name-prefixes); 0, or -1 with a
  * message. dataplane_start calls it. */
 int dataplane_check_shm_options(const struct server_config *cfg, char *err, size_t errlen);
