@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -24,6 +25,10 @@
      offsetof(struct server_config, field)},
 const struct option_def SERVER_OPTION_DEFS[] = {SERVER_OPTIONS(DEF_ROW)};
 const size_t SERVER_NOPTIONS = sizeof(SERVER_OPTION_DEFS) / sizeof(SERVER_OPTION_DEFS[0]);
+#define COUNT_ROW(...) +1
+enum { NOPTIONS = 0 SERVER_OPTIONS(COUNT_ROW) };
+_Static_assert(sizeof(SERVER_OPTION_DEFS) / sizeof(SERVER_OPTION_DEFS[0]) == NOPTIONS,
+               "one row per option");
 
 static const char *const GROUPS[] = {"mp", "storage_manager", "observability"};
 
@@ -161,7 +166,7 @@ static int validate_l2(const json_t *list, char *err, size_t errlen) {
 
 int config_parse(struct server_config *cfg, int argc, char **argv, char *err, size_t errlen) {
     memset(cfg, 0, sizeof(*cfg));
-    int seen[64] = {0};
+    bool seen[NOPTIONS] = {0}; /* options given on the command line, by table row */
     for (size_t i = 0; i < SERVER_NOPTIONS; i++) {
         const struct option_def *d = &SERVER_OPTION_DEFS[i];
         if (d->def && set_value(cfg, d, d->def, err, errlen) < 0) return -1;
@@ -187,7 +192,7 @@ int config_parse(struct server_config *cfg, int argc, char **argv, char *err, si
             errbuf_set(err, errlen, "unrecognized arguments: %s", a);
             return -1;
         }
-        seen[d - SERVER_OPTION_DEFS] = 1;
+        seen[d - SERVER_OPTION_DEFS] = true;
         if (d->type == OPT_BOOL) {
             if (set_value(cfg, d, eq ? eq + 1 : "true", err, errlen) < 0) return -1;
             continue;

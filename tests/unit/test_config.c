@@ -119,9 +119,37 @@ static void test_json_body_helper(void **state) {
     body_case("\"str\"", 1, 0, 422);
 }
 
+/* Every row of the table, given on a command line (with the required options) with its default
+ * value (a flag without one), parses: the parser's per-row bookkeeping covers the whole table
+ * however many options it grows to (it once had room for 64). */
+static void test_every_option_parses_alone(void **state) {
+    (void)state;
+    size_t tried = 0, last = 0;
+    for (size_t i = 0; i < SERVER_NOPTIONS; i++) {
+        const struct option_def *d = &SERVER_OPTION_DEFS[i];
+        char arg[512], err[256] = "";
+        if (d->type == OPT_BOOL)
+            snprintf(arg, sizeof(arg), "--%s", d->flag);
+        else if (d->def && d->def[0] && d->type != OPT_STRLIST && d->type != OPT_JSONLIST)
+            snprintf(arg, sizeof(arg), "--%s=%s", d->flag, d->def);
+        else
+            continue;
+        struct server_config c;
+        int rc =
+            parse(&c, err, sizeof(err), "--l1-size-gb", "1", "--eviction-policy", "LRU", arg, NULL);
+        if (rc != 0) fail_msg("%s: %d %s", arg, rc, err);
+        config_free(&c);
+        tried++;
+        last = i;
+    }
+    /* rows all over the table, up to one of its last */
+    assert_true(SERVER_NOPTIONS > 64 && tried > SERVER_NOPTIONS / 2 && last > 64);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_values),
+        cmocka_unit_test(test_every_option_parses_alone),
         cmocka_unit_test(test_errors_name_the_option),
         cmocka_unit_test(test_route_matching),
         cmocka_unit_test(test_json_body_helper),
