@@ -188,22 +188,33 @@ static int unary(struct umbp_client *c, const char *rpc, const ProtobufCMessage 
     return rc;
 }
 
-int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity *caps, size_t ncaps,
-                         char *err, size_t errlen) {
-    Umbp__TierCapacity *tc = calloc(ncaps + 1, sizeof(*tc));
-    Umbp__TierCapacity **ptc = calloc(ncaps + 1, sizeof(*ptc));
-    if (!tc || !ptc) {
-        free(tc);
-        free(ptc);
-        set_err(err, errlen, "RegisterClient", "out of memory");
+/* caps[0..ncaps) as protobuf messages (*tc) and the pointer array a request holds (*ptc);
+ * free both after the call. -1 when out of memory. */
+static int caps_to_pb(const struct umbp_tier_capacity *caps, size_t ncaps, Umbp__TierCapacity **tc,
+                      Umbp__TierCapacity ***ptc) {
+    *tc = calloc(ncaps + 1, sizeof(**tc));
+    *ptc = calloc(ncaps + 1, sizeof(**ptc));
+    if (!*tc || !*ptc) {
+        free(*tc);
+        free(*ptc);
         return -1;
     }
     for (size_t i = 0; i < ncaps; i++) {
-        umbp__tier_capacity__init(&tc[i]);
-        tc[i].tier = (Umbp__TierType)caps[i].tier;
-        tc[i].total_capacity_bytes = caps[i].total_bytes;
-        tc[i].available_capacity_bytes = caps[i].available_bytes;
-        ptc[i] = &tc[i];
+        umbp__tier_capacity__init(&(*tc)[i]);
+        (*tc)[i].tier = (Umbp__TierType)caps[i].tier;
+        (*tc)[i].total_capacity_bytes = caps[i].total_bytes;
+        (*tc)[i].available_capacity_bytes = caps[i].available_bytes;
+        (*ptc)[i] = &(*tc)[i];
+    }
+    return 0;
+}
+
+int umbp_client_register(struct umbp_client *c, const struct umbp_tier_capacity *caps, size_t ncaps,
+                         char *err, size_t errlen) {
+    Umbp__TierCapacity *tc, **ptc;
+    if (caps_to_pb(caps, ncaps, &tc, &ptc) < 0) {
+        set_err(err, errlen, "RegisterClient", "out of memory");
+        return -1;
     }
     Umbp__RegisterClientRequest q = UMBP__REGISTER_CLIENT_REQUEST__INIT;
     q.node_id = c->node_id;
@@ -251,20 +262,10 @@ int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t 
 
 int umbp_client_heartbeat_caps(struct umbp_client *c, const struct umbp_tier_capacity *caps,
                                size_t ncaps, bool *alive, char *err, size_t errlen) {
-    Umbp__TierCapacity *tc = calloc(ncaps + 1, sizeof(*tc));
-    Umbp__TierCapacity **ptc = calloc(ncaps + 1, sizeof(*ptc));
-    if (!tc || !ptc) {
-        free(tc);
-        free(ptc);
+    Umbp__TierCapacity *tc, **ptc;
+    if (caps_to_pb(caps, ncaps, &tc, &ptc) < 0) {
         set_err(err, errlen, "Heartbeat", "out of memory");
         return -1;
-    }
-    for (size_t i = 0; i < ncaps; i++) {
-        umbp__tier_capacity__init(&tc[i]);
-        tc[i].tier = (Umbp__TierType)caps[i].tier;
-        tc[i].total_capacity_bytes = caps[i].total_bytes;
-        tc[i].available_capacity_bytes = caps[i].available_bytes;
-        ptc[i] = &tc[i];
     }
     Umbp__HeartbeatRequest q = UMBP__HEARTBEAT_REQUEST__INIT;
     q.node_id = c->node_id;
