@@ -20,7 +20,7 @@ static struct kvevents *mk(void) {
     k->slots = calloc(REPLAY_BATCHES, sizeof(*k->slots));
     assert_non_null(k->ring);
     assert_non_null(k->slots);
-    assert_int_equal(htab_init(&k->tab, 16, entry_hash, k), 0);
+    assert_int_equal(ptable_init(&k->tab), 0);
     return k;
 }
 

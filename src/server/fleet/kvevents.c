@@ -14,9 +14,9 @@
 
 #include "base/clock.h"
 #include "base/errbuf.h"
-#include "base/htab.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "server/fleet/ptable.h"
 
 #define QUEUE_MAX   65536 /* events waiting; more are dropped */
 #define BATCH_MAX   4096  /* events per EventBatch */
@@ -50,10 +50,8 @@ struct ev {
 
 /* A held hash: how many objects carry it on each medium. */
 struct entry {
-    struct htab_node hn;
-    uint64_t h;
+    struct pt_entry pe;
     uint32_t cnt[NM];
-    uint8_t hash[HASH_LEN];
 };
 
 struct kvevents;
@@ -91,7 +89,7 @@ struct kvevents {
     /* mu (a leaf): the table, the queue, the stop flag */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct htab tab;
+    struct ptable tab;
     size_t tracked;
     uint64_t untracked; /* objects held whose hash the table could not take */
     struct ev *ring;
@@ -115,23 +113,9 @@ static uint64_t be64(const uint8_t *b) {
     return v;
 }
 
-static uint64_t hash_of(const uint8_t *h) {
-    uint64_t v;
-    memcpy(&v, h, sizeof(v)); /* already a SHA-256 digest */
-    return v;
-}
-
-static uint64_t entry_hash(const struct htab_node *n, void *arg) {
-    (void)arg;
-    return HTAB_ENTRY(n, struct entry, hn)->h;
-}
-
-static struct entry *do_find(struct kvevents *k, const uint8_t *hash, uint64_t h) {
-    for (struct htab_node *n = *htab_bucket(&k->tab, h); n; n = n->next) {
-        struct entry *en = HTAB_ENTRY(n, struct entry, hn);
-        if (en->h == h && memcmp(en->hash, hash, HASH_LEN) == 0) return en;
-    }
-    return NULL;
+static struct entry *do_find(struct kvevents *k, const uint8_t *hash) {
+    struct pt_entry *p = ptable_find(&k->tab, hash);
+    return p ? PT_OWNER(p, struct entry, pe) : NULL;
 }
 
 static void do_push(struct kvevents *k, const uint8_t *hash, int medium, int kind) {
@@ -150,9 +134,8 @@ static void do_push(struct kvevents *k, const uint8_t *hash, int medium, int kin
 static void on_placement(void *arg, const uint8_t hash[32], int tier, bool present) {
     struct kvevents *k = arg;
     int m = tier == ENGINE_TIER_DRAM ? M_CPU : tier == ENGINE_TIER_OBJ ? M_OBJ : M_FS;
-    uint64_t h = hash_of(hash);
     pthread_mutex_lock(&k->mu);
-    struct entry *en = do_find(k, hash, h);
+    struct entry *en = do_find(k, hash);
     if (!en && present) {
         if (k->tracked >= TRACKED_MAX || !(en = calloc(1, sizeof(*en)))) {
             k->untracked++; /* published as it comes, without the per-medium count */
@@ -160,9 +143,7 @@ static void on_placement(void *arg, const uint8_t hash[32], int tier, bool prese
             pthread_mutex_unlock(&k->mu);
             return;
         }
-        en->h = h;
-        memcpy(en->hash, hash, HASH_LEN);
-        htab_insert(&k->tab, &en->hn, h);
+        ptable_insert(&k->tab, &en->pe, hash);
         k->tracked++;
     }
     if (!en) { /* a removal of an untracked object (or of nothing we were told of) */
@@ -175,7 +156,7 @@ static void on_placement(void *arg, const uint8_t hash[32], int tier, bool prese
     } else if (en->cnt[m] && --en->cnt[m] == 0) {
         do_push(k, hash, m, K_REMOVED);
         if (!en->cnt[M_CPU] && !en->cnt[M_FS] && !en->cnt[M_OBJ]) {
-            htab_remove(&k->tab, &en->hn, en->h);
+            ptable_remove(&k->tab, &en->pe);
             free(en);
             k->tracked--;
         }
@@ -635,7 +616,7 @@ struct kvevents *kvevents_create(struct engine *e, char *err, size_t errlen) {
     k->ring = malloc(QUEUE_MAX * sizeof(*k->ring));
     k->ctx = zmq_ctx_new();
     k->pub = k->ctx ? zmq_socket(k->ctx, ZMQ_PUB) : NULL;
-    if (!k->ring || !k->pub || htab_init(&k->tab, 1024, entry_hash, k) < 0) {
+    if (!k->ring || !k->pub || ptable_init(&k->tab)) {
         errbuf_set(err, errlen, "argument --kv-events-endpoint: out of memory");
         kvevents_free(k);
         return NULL;
@@ -720,12 +701,7 @@ void kvevents_free(struct kvevents *k) {
     for (size_t i = 0; k->slots && i < k->scount; i++)
         payload_unref(k->slots[(k->shead + i) % REPLAY_BATCHES].p);
     free(k->slots);
-    for (size_t b = 0; k->tab.b && b < k->tab.nb; b++)
-        for (struct htab_node *n = k->tab.b[b], *nx; n; n = nx) {
-            nx = n->next;
-            free(HTAB_ENTRY(n, struct entry, hn));
-        }
-    htab_fini(&k->tab);
+    ptable_fini(&k->tab, offsetof(struct entry, pe));
     pthread_mutex_destroy(&k->mu);
     pthread_mutex_destroy(&k->rmu);
     pthread_cond_destroy(&k->cv);

@@ -12,10 +12,10 @@
 
 #include "base/clock.h"
 #include "base/errbuf.h"
-#include "base/htab.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "lmcache/umbp_client.h"
+#include "server/fleet/ptable.h"
 
 #define HASH_LEN      32
 #define HEX_LEN       64
@@ -30,13 +30,11 @@ enum { T_DRAM = 0, T_SSD = 1, NT = 2 };
 static const enum umbp_tier TIER_OF[NT] = {UMBP_TIER_DRAM, UMBP_TIER_SSD};
 
 struct entry {
-    struct htab_node hn;
+    struct pt_entry pe;
     struct entry *qnext; /* pending queue link */
-    uint64_t h;
-    uint32_t cnt[NT]; /* objects with this hash per tier (object groups share a hash) */
-    uint8_t reported; /* tiers the master was last told of (bit per tier) */
+    uint32_t cnt[NT];    /* objects with this hash per tier (object groups share a hash) */
+    uint8_t reported;    /* tiers the master was last told of (bit per tier) */
     bool queued;
-    uint8_t hash[HASH_LEN];
 };
 
 struct reporter {
@@ -51,7 +49,7 @@ struct reporter {
     /* mu (a leaf): the table, the queue, the stop flag */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct htab tab;
+    struct ptable tab;
     struct entry *qhead, *qtail;
     size_t pending;
     bool stopping;
@@ -71,27 +69,13 @@ struct reporter {
         *m_queue, *m_connected, *m_tracked;
 };
 
-static uint64_t hash_of(const uint8_t *h) {
-    uint64_t v;
-    memcpy(&v, h, sizeof(v)); /* already a SHA-256 digest */
-    return v;
-}
-
-static uint64_t entry_hash(const struct htab_node *n, void *arg) {
-    (void)arg;
-    return HTAB_ENTRY(n, struct entry, hn)->h;
-}
-
 static uint8_t mask_of(const struct entry *en) {
     return (uint8_t)((en->cnt[T_DRAM] ? 1 : 0) | (en->cnt[T_SSD] ? 2 : 0));
 }
 
-static struct entry *do_find(struct reporter *r, const uint8_t *hash, uint64_t h) {
-    for (struct htab_node *n = *htab_bucket(&r->tab, h); n; n = n->next) {
-        struct entry *en = HTAB_ENTRY(n, struct entry, hn);
-        if (en->h == h && memcmp(en->hash, hash, HASH_LEN) == 0) return en;
-    }
-    return NULL;
+static struct entry *do_find(struct reporter *r, const uint8_t *hash) {
+    struct pt_entry *p = ptable_find(&r->tab, hash);
+    return p ? PT_OWNER(p, struct entry, pe) : NULL;
 }
 
 static void do_queue(struct reporter *r, struct entry *en) {
@@ -108,7 +92,7 @@ static void do_queue(struct reporter *r, struct entry *en) {
 
 /* Drops an entry nobody holds and the master was told is gone. */
 static void do_forget(struct reporter *r, struct entry *en) {
-    htab_remove(&r->tab, &en->hn, en->h);
+    ptable_remove(&r->tab, &en->pe);
     free(en);
     atomic_fetch_sub(&r->tracked, 1);
 }
@@ -118,18 +102,15 @@ static void on_placement(void *arg, const uint8_t hash[32], int tier, bool prese
     struct reporter *r = arg;
     if (tier == ENGINE_TIER_OBJ) return; /* shared by the fleet: not a placement of this node */
     int t = tier == ENGINE_TIER_DRAM ? T_DRAM : T_SSD;
-    uint64_t h = hash_of(hash);
     pthread_mutex_lock(&r->mu);
-    struct entry *en = do_find(r, hash, h);
+    struct entry *en = do_find(r, hash);
     if (!en) {
         if (!present || atomic_load(&r->tracked) >= TRACKED_MAX || !(en = calloc(1, sizeof(*en)))) {
             if (present) atomic_fetch_add(&r->dropped, 1);
             pthread_mutex_unlock(&r->mu);
             return;
         }
-        en->h = h;
-        memcpy(en->hash, hash, HASH_LEN);
-        htab_insert(&r->tab, &en->hn, h);
+        ptable_insert(&r->tab, &en->pe, hash);
         atomic_fetch_add(&r->tracked, 1);
     }
     if (present)
@@ -229,8 +210,10 @@ static void take_queue(struct reporter *r, size_t max, struct hexbatch *add, str
         uint8_t cur = mask_of(en);
         for (int t = 0; add && t < NT; t++) {
             uint8_t bit = (uint8_t)(1u << t);
-            if ((cur & bit) && !(en->reported & bit) && hb_add(&add[t], en->hash) < 0) *oom = true;
-            if (!(cur & bit) && (en->reported & bit) && hb_add(&rev[t], en->hash) < 0) *oom = true;
+            if ((cur & bit) && !(en->reported & bit) && hb_add(&add[t], en->pe.hash) < 0)
+                *oom = true;
+            if (!(cur & bit) && (en->reported & bit) && hb_add(&rev[t], en->pe.hash) < 0)
+                *oom = true;
         }
         en->reported = cur;
         if (!cur) do_forget(r, en);
@@ -258,6 +241,18 @@ static void flush(struct reporter *r) {
     }
 }
 
+struct snap {
+    struct hexbatch *all; /* one per tier */
+    bool oom;
+};
+
+static void snap_one(struct pt_entry *p, void *arg) {
+    struct snap *sn = arg;
+    const struct entry *en = PT_OWNER(p, struct entry, pe);
+    for (int t = 0; t < NT && !sn->oom; t++)
+        if ((en->reported & (1u << t)) && hb_add(&sn->all[t], p->hash) < 0) sn->oom = true;
+}
+
 /* The idempotent full report: the node's placements are dropped and every held hash is
  * reported anew. Changes queued meanwhile follow in later flushes. */
 static int full_sync(struct reporter *r) {
@@ -265,12 +260,9 @@ static int full_sync(struct reporter *r) {
     bool oom = false;
     take_queue(r, 0, NULL, NULL, &oom); /* the queue is folded into the snapshot */
     pthread_mutex_lock(&r->mu);
-    for (size_t b = 0; b < r->tab.nb && !oom; b++)
-        for (struct htab_node *n = r->tab.b[b]; n; n = n->next) {
-            struct entry *en = HTAB_ENTRY(n, struct entry, hn);
-            for (int t = 0; t < NT; t++)
-                if ((en->reported & (1u << t)) && hb_add(&all[t], en->hash) < 0) oom = true;
-        }
+    struct snap sn = {all, false};
+    ptable_each(&r->tab, snap_one, &sn);
+    oom = sn.oom;
     pthread_mutex_unlock(&r->mu);
     int rc = -1;
     char err[256] = "";
@@ -442,7 +434,7 @@ struct reporter *reporter_create(struct engine *e, char *err, size_t errlen) {
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&r->cv, &ca);
     pthread_condattr_destroy(&ca);
-    if (!r->address || !r->node_id || !r->node_address || htab_init(&r->tab, 1024, entry_hash, r)) {
+    if (!r->address || !r->node_id || !r->node_address || ptable_init(&r->tab)) {
         errbuf_set(err, errlen, "out of memory");
         reporter_free(r);
         return NULL;
@@ -519,12 +511,7 @@ void reporter_stop(struct reporter *r) {
 void reporter_free(struct reporter *r) {
     if (!r) return;
     if (r->c) umbp_client_free(r->c);
-    for (size_t b = 0; r->tab.b && b < r->tab.nb; b++)
-        for (struct htab_node *n = r->tab.b[b], *nx; n; n = nx) {
-            nx = n->next;
-            free(HTAB_ENTRY(n, struct entry, hn));
-        }
-    htab_fini(&r->tab);
+    ptable_fini(&r->tab, offsetof(struct entry, pe));
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->err_mu);
     pthread_cond_destroy(&r->cv);
