@@ -137,11 +137,11 @@ void l1_get_stats(struct l1 *l1, uint64_t now, struct l1_stats *st) {
             for (struct htab_node *n = s->t.b[b]; n; n = n->next) {
                 const struct l1_entry *e = ENTRY_OF(n);
                 if (pins_of(e)) st->pinned_objects++;
-                if (e->state == ST_DOOMED || !is_locked(e, now)) continue;
+                if (e->state == ST_DOOMED || e->deadline <= now) continue;
                 if (e->state == ST_STAGING)
                     st->write_locked_objects++;
-                else
-                    st->read_locked_objects++;
+                else if (e->readers > 0)
+                    st->read_locked_objects++; /* pins are counted apart */
             }
         pthread_mutex_unlock(&s->mu);
     }
