@@ -5,7 +5,7 @@ never reads or goes away releases its pins; the pin cap falls back to copies; SI
 pinned replies queued exits cleanly."""
 import hashlib
 import itertools
-import os
+import re
 import struct
 import time
 
@@ -79,6 +79,28 @@ def wait_l1(s, pred, what, timeout=30):
         time.sleep(0.02)
 
 
+def retrieves_done(s):
+    m = re.search(r'^lmcache_mp_dataplane_requests_total\{operation="retrieve_bytes",result="ok"\} '
+                  r'(\S+)$', s.get("/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def send_unread(s, hs, n=12):
+    """n chunk-frame retrieves of hs from a client that does not read; returns once the server has
+    run them all (their replies are then queued, pinning the objects)."""
+    slow = Client(s.zmq_port, rcvhwm=1)
+    before = retrieves_done(s)
+    rids = [slow.send("retrieve_bytes", model_name=MODEL, chunk_hashes=hs, chunk_frames=True)
+            for _ in range(n)]
+    deadline = time.time() + 30
+    while retrieves_done(s) < before + n:
+        assert time.time() < deadline, "the retrieves did not run"
+        time.sleep(0.02)
+    wait_l1(s, lambda st: st["pins"] > 0 and st["read_locked_objects"] == 0,
+            "replies pinned while the client does not read")
+    return slow, rids
+
+
 def store(c, hs, data):
     r, _ = c.call("store_bytes", model_name=MODEL, chunk_hashes=hs, chunks=data)
     assert r["stored_chunks"] == len(hs)
@@ -120,11 +142,7 @@ def test_cleared_objects_stay_intact_for_a_reply_that_waits(srv):
     s, c = srv("--l1-pinned-reply-ratio", "1")
     hs, data = hashes(4, b"p"), blobs(4, 4 * MIB, 2)
     store(c, hs, data)
-    slow = Client(s.zmq_port, rcvhwm=1)
-    rids = [slow.send("retrieve_bytes", model_name=MODEL, chunk_hashes=hs, chunk_frames=True)
-            for _ in range(12)]
-    wait_l1(s, lambda st: st["pins"] > 0 and st["read_locked_objects"] == 0,
-            "replies pinned while the client does not read")
+    slow, rids = send_unread(s, hs)
     assert s.post("/cache/clear", json={"force": True}).status_code == 200
     st = l1(s)
     assert st["objects"] == 0 and st["doomed_objects"] == 4
@@ -151,10 +169,7 @@ def test_client_that_goes_away_releases_its_pins(srv, how):
     s, c = srv("--l1-pinned-reply-ratio", "1")
     hs, data = hashes(4, b"g"), blobs(4, 4 * MIB, 3)
     store(c, hs, data)
-    slow = Client(s.zmq_port, rcvhwm=1)
-    for _ in range(12):
-        slow.send("retrieve_bytes", model_name=MODEL, chunk_hashes=hs, chunk_frames=True)
-    wait_l1(s, lambda st: st["pins"] > 0 and st["read_locked_objects"] == 0, "replies pinned")
+    slow, _ = send_unread(s, hs)
     if how == "clear":
         c.call("clear")
         assert l1(s)["doomed_objects"] == 4
@@ -193,10 +208,7 @@ def test_sigterm_with_pinned_replies_queued_exits_cleanly(srv):
     s, c = srv("--l1-pinned-reply-ratio", "1")
     hs, data = hashes(4, b"t"), blobs(4, 4 * MIB, 5)
     store(c, hs, data)
-    slow = Client(s.zmq_port, rcvhwm=1)
-    for _ in range(12):
-        slow.send("retrieve_bytes", model_name=MODEL, chunk_hashes=hs, chunk_frames=True)
-    wait_l1(s, lambda st: st["pins"] > 0, "replies pinned")
+    slow, _ = send_unread(s, hs)
     c.call("clear")
     assert s.stop() == 0
     assert "reply pins held" not in s.output()

@@ -388,9 +388,9 @@ static void send_replies(struct dataplane *dp) {
                 for (uint32_t i = ncf; i < o->nframes; i++)
                     o->frames[i].release(o->frames[i].data, o->frames[i].hint);
             }
-            free(o->frames);
-            o->frames = NULL;
         }
+        free(o->frames);
+        o->frames = NULL;
         /* A vanished peer makes the send fail; the reply is then dropped. */
         if (have && zmq_msg_send(&o->id, o->sock, ZMQ_SNDMORE) >= 0 &&
             zmq_msg_send(&o->rid, o->sock, ZMQ_SNDMORE) >= 0 &&

@@ -664,9 +664,10 @@ static void release_copy(void *data, void *hint) {
  * chunks read-locked; the pins outlive the locks. *copied counts the copies. */
 static int chunk_frames(struct op_ctx *o, const struct engine_ref *refs, uint32_t n,
                         uint32_t *copied) {
-    struct dp_frame *fr = calloc(n ? n : 1, sizeof(*fr));
-    if (!fr) goto oom;
     *copied = 0;
+    if (n == 0) return 0;
+    struct dp_frame *fr = calloc(n, sizeof(*fr));
+    if (!fr) goto oom;
     for (uint32_t i = 0; i < n; i++) {
         struct l1_pin *pin;
         if (l1_pin(o->e->l1, &refs[i].key, o->now, &pin) == L1_OK) {
