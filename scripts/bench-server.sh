@@ -7,7 +7,9 @@
 #     store/retrieve and store_bytes/retrieve_bytes of 256-token chunks (8 KV heads x 128, bf16,
 #     16 tokens per block; the number of layers sets the object size: 1 MiB per layer), one
 #     client, in layer_major and block_major layouts, and the bytes path again over the ipc
-#     endpoint (--ipc-path); the server's minor page faults per phase (--server-pid);
+#     endpoint (--ipc-path); retrieve_bytes again with chunk_frames (rows bytes_retr_frames,
+#     bytes_retr_fr_ipc: the chunks sent from L1 as frames, no reply copy); the server's minor
+#     page faults per phase (--server-pid);
 #   - before the table: the first store of each size into a fresh server without --warmup (first
 #     touch of L1 and of the registered shared memory, with page-fault counts), and the lookup
 #     latency of 4- and 128-chunk prompts;
@@ -115,6 +117,7 @@ for mib in $SIZES; do
         "shm_store_bm|bm|store (shm)" "shm_retrieve_bm|bm|retrieve (shm)" \
         "bytes_store|tp|store_bytes" "bytes_retrieve|tp|retrieve_bytes" \
         "bytes_store_ipc|ipc|store_bytes" "bytes_retr_ipc|ipc|retrieve_bytes" \
+        "bytes_retr_frames|tp|retrieve_frames" "bytes_retr_fr_ipc|ipc|retrieve_frames" \
         "zmq_echo|echo|zmq echo" "zmq_echo_ipc|echoipc|zmq echo"; do
         IFS='|' read -r k f pfx <<<"$spec"
         ROW[$mib,$k]=$(gbs "$pfx" <"$TMP/$f.$mib")
@@ -136,7 +139,8 @@ printf "%-18s" "object"
 for mib in $SIZES; do printf "%20s" "$mib MiB"; done
 echo
 for k in memcpy shm_store shm_retrieve shm_store_bm shm_retrieve_bm bytes_store bytes_retrieve \
-    bytes_store_ipc bytes_retr_ipc zmq_echo zmq_echo_ipc redis_set redis_get; do
+    bytes_store_ipc bytes_retr_ipc bytes_retr_frames bytes_retr_fr_ipc zmq_echo zmq_echo_ipc \
+    redis_set redis_get; do
     printf "%-18s" "$k"
     for mib in $SIZES; do
         v=${ROW[$mib,$k]:-}
@@ -158,5 +162,8 @@ ratio "store_b/echo" bytes_store zmq_echo
 ratio "retr_b/echo" bytes_retrieve zmq_echo
 ratio "store_b_ipc/echo" bytes_store_ipc zmq_echo_ipc
 ratio "retr_b_ipc/echo" bytes_retr_ipc zmq_echo_ipc
+ratio "retr_f/redis_get" bytes_retr_frames redis_get
+ratio "retr_f/echo" bytes_retr_frames zmq_echo
+ratio "retr_f_ipc/echo" bytes_retr_fr_ipc zmq_echo_ipc
 echo "minor page faults per phase (server / bench client):"
 sed -E 's/ +[0-9.]+ GB\/s .*minor faults: /: /; s/\)$//' "$TMP/faults"

@@ -190,10 +190,13 @@ LMC_API bool lmc_reply_get_bool(const lmc_reply *r, const char *field, bool *out
 /* A str field; *out points into the reply (not NUL-terminated), valid until lmc_reply_free. */
 LMC_API bool lmc_reply_get_str(const lmc_reply *r, const char *field, const char **out,
                                size_t *len);
-/* The `chunks` array of a retrieve_bytes reply: count, and element i (pointer into the reply,
- * valid until lmc_reply_free; no copy). */
+/* The chunks of a retrieve_bytes reply, in either shape (the `chunks` array of the map, or the
+ * chunk frames after it): count, and chunk i (pointer into the reply, valid until
+ * lmc_reply_free; no copy). */
 LMC_API size_t lmc_reply_num_chunks(const lmc_reply *r);
 LMC_API bool lmc_reply_chunk(const lmc_reply *r, size_t i, const void **data, size_t *len);
+/* Whether the reply came as chunk frames (the server knows `chunk_frames`; docs/protocol.md). */
+LMC_API bool lmc_reply_has_chunk_frames(const lmc_reply *r);
 
 /* ---- pipelined API ----------------------------------------------------------------------- */
 
@@ -266,6 +269,21 @@ LMC_API lmc_status lmc_send_retrieve_bytes(lmc_client *c, const char *model_name
                                            int64_t world_size, int64_t worker_id,
                                            const lmc_chunks *ch, const char *request_id,
                                            lmc_req_id *id, lmc_error *err);
+/* Options of a retrieve_bytes. NULL means all defaults. */
+typedef struct lmc_retrieve_bytes_options {
+    /* Ask for the chunks as frames after the reply map (docs/protocol.md, `chunk_frames`): the
+     * server sends them from its cache memory instead of copying them into one reply, and the
+     * reply keeps each frame as libzmq received it, so lmc_reply_chunk points into it with no
+     * copy on either side. A server that predates the field answers with the `chunks` array,
+     * which the same accessors read. */
+    bool chunk_frames;
+} lmc_retrieve_bytes_options;
+
+LMC_API lmc_status lmc_send_retrieve_bytes_ex(lmc_client *c, const char *model_name,
+                                              int64_t world_size, int64_t worker_id,
+                                              const lmc_chunks *ch, const char *request_id,
+                                              const lmc_retrieve_bytes_options *opts,
+                                              lmc_req_id *id, lmc_error *err);
 /* start/end < 0: the whole lookup range; worker_id < 0: every rank. */
 LMC_API lmc_status lmc_send_free_lookup_locks(lmc_client *c, const char *request_id, int64_t start,
                                               int64_t end, int64_t worker_id, lmc_req_id *id,
@@ -328,6 +346,12 @@ LMC_API lmc_status lmc_store_bytes_ex(lmc_client *c, const char *model_name, int
 LMC_API lmc_status lmc_retrieve_bytes(lmc_client *c, const char *model_name, int64_t world_size,
                                       int64_t worker_id, const lmc_chunks *ch,
                                       const char *request_id, lmc_reply **out, lmc_error *err);
+/* retrieve_bytes with options (`opts` may be NULL); read the reply the same way. */
+LMC_API lmc_status lmc_retrieve_bytes_ex(lmc_client *c, const char *model_name, int64_t world_size,
+                                         int64_t worker_id, const lmc_chunks *ch,
+                                         const char *request_id,
+                                         const lmc_retrieve_bytes_options *opts, lmc_reply **out,
+                                         lmc_error *err);
 LMC_API lmc_status lmc_free_lookup_locks(lmc_client *c, const char *request_id, int64_t start,
                                          int64_t end, int64_t worker_id, uint64_t *released,
                                          lmc_error *err);

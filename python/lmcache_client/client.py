@@ -95,7 +95,8 @@ def _dec_retrieve(reply, op):
 
 def _dec_retrieve_bytes(reply, op):
     chunks = reply.get("chunks")
-    if not isinstance(chunks, list) or not all(isinstance(c, bytes) for c in chunks):
+    if not isinstance(chunks, list) or not all(isinstance(c, (bytes, memoryview))
+                                               for c in chunks):
         raise LmcacheError(errors.PROTOCOL, "reply field 'chunks' is not an array of bin", op)
     return RetrieveBytesResult(chunks)
 
@@ -360,7 +361,7 @@ class Client:
         p = self._pending.pop(frames[0].bytes, None)
         if p is None:
             return True  # a reply to a request whose caller gave up (timed out): dropped
-        if len(frames) != 3:
+        if len(frames) < 3:
             p._finish(exc=LmcacheError(errors.PROTOCOL, f"reply of {len(frames)} frames", p.op))
             return True
         try:
@@ -368,6 +369,15 @@ class Client:
         except Exception as e:  # any malformed msgpack
             p._finish(exc=LmcacheError(errors.PROTOCOL, f"reply is not msgpack: {e}", p.op))
             return True
+        # retrieve_bytes with chunk_frames: the chunks follow the map, as many as it announces.
+        extra = frames[3:]
+        n = reply.get("chunk_frames") if isinstance(reply, dict) else None
+        if extra or n is not None:
+            if type(n) is not int or n != len(extra):
+                p._finish(exc=LmcacheError(errors.PROTOCOL, f"reply of {len(frames)} frames",
+                                           p.op))
+                return True
+            reply["chunks"] = [f.buffer for f in extra]
         self._resolve(p, reply)
         return True
 
@@ -541,8 +551,13 @@ class Client:
                                                           cache_salt), _dec_store)
 
     def send_retrieve_bytes(self, model_name, *, token_ids=None, chunk_hashes=None, start=0,
-                            end=None, cache_salt="", world_size=1, worker_id=0, request_id=None):
+                            end=None, cache_salt="", world_size=1, worker_id=0, request_id=None,
+                            chunk_frames=False):
+        """chunk_frames=True asks for the chunks as frames after the reply map (sent from the
+        server's cache memory, kept here as received: see RetrieveBytesResult)."""
         p = {"model_name": model_name}
+        if chunk_frames:
+            p["chunk_frames"] = True
         if world_size != 1:
             p["world_size"] = world_size
         if worker_id:

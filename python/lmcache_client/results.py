@@ -26,7 +26,9 @@ class RetrieveResult:
 @dataclass(frozen=True)
 class RetrieveBytesResult:
     """The leading chunks of the range that are present, each an L1 object
-    ([K|V][layer][token][bytes])."""
+    ([K|V][layer][token][bytes]). Asked for with chunk_frames=True (and answered so by the
+    server), each chunk is a read-only memoryview of the frame it came in (no copy); it keeps the
+    frame alive while referenced. bytes(chunk) copies it out."""
     chunks: List[bytes]
 
     @property

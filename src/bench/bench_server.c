@@ -5,7 +5,8 @@
  * hit every chunk, retrieve into zeroed blocks, compare MD5s of the engine blocks with the ones
  * taken before the store, locally and through `POST /cache/checksums`); exit 1 on any mismatch.
  * throughput: N clients (threads, one DEALER and one shared-memory KV cache each) store and
- * retrieve their prompts through shared memory and then through store_bytes/retrieve_bytes;
+ * retrieve their prompts through shared memory and then through store_bytes/retrieve_bytes
+ * (retrieve_bytes twice: the chunks in the reply map, then as chunk frames sent from L1);
  * prints GB/s, minor page faults per phase (this process, and the server's with --server-pid),
  * lookup latency percentiles (of the throughput prompts, and of 4- and 128-chunk prompts of small
  * objects) and a single-thread memcpy reference of the same run.
@@ -630,9 +631,18 @@ out:
 
 /* ---- throughput mode --------------------------------------------------------------------- */
 
-enum { PH_STORE, PH_LOOKUP, PH_RETRIEVE, PH_STORE_BYTES, PH_RETRIEVE_BYTES, NPHASE };
-static const char *const PHASE_NAMES[NPHASE] = {"store (shm)", "lookup", "retrieve (shm)",
-                                                "store_bytes", "retrieve_bytes"};
+/* PH_RETRIEVE_FRAMES: retrieve_bytes with chunk_frames (the chunks sent from L1 as frames). */
+enum {
+    PH_STORE,
+    PH_LOOKUP,
+    PH_RETRIEVE,
+    PH_STORE_BYTES,
+    PH_RETRIEVE_BYTES,
+    PH_RETRIEVE_FRAMES,
+    NPHASE
+};
+static const char *const PHASE_NAMES[NPHASE] = {"store (shm)", "lookup",         "retrieve (shm)",
+                                                "store_bytes", "retrieve_bytes", "retrieve_frames"};
 
 struct worker {
     const struct opts *o;
@@ -783,6 +793,29 @@ static void *worker_main(void *arg) {
                     const void *d;
                     size_t l;
                     if (lmc_reply_chunk(rep, i, &d, &l)) w->bytes[PH_RETRIEVE_BYTES] += l;
+                }
+                lmc_reply_free(rep);
+            }
+        pthread_barrier_wait(w->bar);
+        /* Phase 5: retrieve_bytes with chunk_frames. */
+        pthread_barrier_wait(w->bar);
+        lmc_retrieve_bytes_options ro = {.chunk_frames = true};
+        for (int r = 0; r < o->rounds; r++)
+            for (int p = 0; p < o->prompts && !w->failed; p++) {
+                lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
+                                 .num_tokens = ntok,
+                                 .end = -1,
+                                 .cache_salt = "b"};
+                lmc_reply *rep = NULL;
+                if (lmc_retrieve_bytes_ex(c, o->model, 1, 0, &ch, NULL, &ro, &rep, &e) != LMC_OK) {
+                    fail(w, "retrieve_bytes chunk_frames", &e);
+                    break;
+                }
+                size_t n = lmc_reply_num_chunks(rep);
+                for (size_t i = 0; i < n; i++) {
+                    const void *d;
+                    size_t l;
+                    if (lmc_reply_chunk(rep, i, &d, &l)) w->bytes[PH_RETRIEVE_FRAMES] += l;
                 }
                 lmc_reply_free(rep);
             }
@@ -939,7 +972,7 @@ static int run_throughput(const struct opts *o) {
         }
     double secs[NPHASE] = {0};
     /* The phases in the order the workers run them; each is bracketed by two barriers. */
-    int phases[1 + 2 * MAX_ROUNDS + 2];
+    int phases[1 + 2 * MAX_ROUNDS + 3];
     int np = 0;
     phases[np++] = PH_STORE;
     for (int r = 0; r < o->rounds; r++) {
@@ -949,6 +982,7 @@ static int run_throughput(const struct opts *o) {
     if (o->bytes_path) {
         phases[np++] = PH_STORE_BYTES;
         phases[np++] = PH_RETRIEVE_BYTES;
+        phases[np++] = PH_RETRIEVE_FRAMES;
     }
     if (o->warmup) {
         pthread_barrier_wait(&bar);

@@ -31,13 +31,33 @@ struct lmc_reply {
     zmq_msg_t body; /* the bytes `up` points into (bin fields are not copied) */
     msgpack_unpacked up;
     const msgpack_object *map;
+    /* retrieve_bytes with chunk_frames: the frames after the map, one per chunk, as received */
+    zmq_msg_t *frames;
+    uint32_t nframes, cap;
+    bool has_frames; /* the map says chunk_frames */
 };
 
 LMC_API void lmc_reply_free(lmc_reply *r) {
     if (!r) return;
     msgpack_unpacked_destroy(&r->up);
     zmq_msg_close(&r->body);
+    for (uint32_t i = 0; i < r->nframes; i++) zmq_msg_close(&r->frames[i]);
+    free(r->frames);
     free(r);
+}
+
+/* Keeps a chunk frame (moved out of m). false when out of memory. */
+static bool reply_add_frame(lmc_reply *r, zmq_msg_t *m) {
+    if (r->nframes == r->cap) {
+        uint32_t cap = r->cap ? 2 * r->cap : 16;
+        zmq_msg_t *f = cap > r->cap ? realloc(r->frames, (size_t)cap * sizeof(*f)) : NULL;
+        if (!f) return false;
+        r->frames = f;
+        r->cap = cap;
+    }
+    zmq_msg_init(&r->frames[r->nframes]);
+    zmq_msg_move(&r->frames[r->nframes++], m);
+    return true;
 }
 
 LMC_API uint64_t lmc_reply_id(const lmc_reply *r) { return r->id; }
@@ -105,12 +125,21 @@ static bool get_double(const lmc_reply *r, const char *field, double *out) {
     }
 }
 
+LMC_API bool lmc_reply_has_chunk_frames(const lmc_reply *r) { return r->has_frames; }
+
 LMC_API size_t lmc_reply_num_chunks(const lmc_reply *r) {
+    if (r->has_frames) return r->nframes;
     const msgpack_object *o = lmcc_map_get(r->map, "chunks");
     return o && o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
 }
 
 LMC_API bool lmc_reply_chunk(const lmc_reply *r, size_t i, const void **data, size_t *len) {
+    if (r->has_frames) {
+        if (i >= r->nframes) return false;
+        *data = zmq_msg_data(&r->frames[i]);
+        *len = zmq_msg_size(&r->frames[i]);
+        return true;
+    }
     const msgpack_object *o = lmcc_map_get(r->map, "chunks");
     if (!o || o->type != MSGPACK_OBJECT_ARRAY || i >= o->via.array.size) return false;
     const msgpack_object *e = &o->via.array.ptr[i];
@@ -372,16 +401,32 @@ static lmc_status recv_one(lmc_client *c, int64_t deadline, lmc_reply **out, lmc
             snprintf(r->op, sizeof(r->op), "%.*s", l > 63 ? 63 : (int)l, d);
         } else if (nframes == 2) {
             zmq_msg_move(&r->body, &part);
+        } else if (s == LMC_OK && !reply_add_frame(r, &part)) {
+            lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory for a reply's chunk frames");
+            s = LMC_ERR_NO_MEMORY; /* the rest of the reply is still read */
         }
         zmq_msg_close(&part);
-        nframes++;
+        if (nframes < INT_MAX) nframes++;
     }
-    if (s == LMC_OK && nframes != 3) {
+    if (s == LMC_OK && nframes < 3) {
         lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply has %d frames, not 3", nframes);
         s = LMC_ERR_PROTOCOL;
     }
     if (s == LMC_OK)
         s = lmcc_decode_reply(zmq_msg_data(&r->body), zmq_msg_size(&r->body), &r->up, &r->map, err);
+    if (s == LMC_OK) {
+        /* Frames after the map only as many as its chunk_frames announces (docs/protocol.md). */
+        const msgpack_object *cf = lmcc_map_get(r->map, "chunk_frames");
+        r->has_frames = cf != NULL;
+        if (cf ? cf->type != MSGPACK_OBJECT_POSITIVE_INTEGER || cf->via.u64 != r->nframes
+               : r->nframes != 0) {
+            lmcc_set_error(err, LMC_ERR_PROTOCOL, "reply has %d frames, not %llu", nframes,
+                           3 + (cf && cf->type == MSGPACK_OBJECT_POSITIVE_INTEGER
+                                    ? (unsigned long long)cf->via.u64
+                                    : 0ull));
+            s = LMC_ERR_PROTOCOL;
+        }
+    }
     if (s != LMC_OK) {
         /* The reply still answers one request, whatever its shape. */
         if (nframes >= 1 && c->in_flight) c->in_flight--;
@@ -590,12 +635,22 @@ LMC_API lmc_status lmc_send_retrieve_bytes(lmc_client *c, const char *model_name
                                            int64_t world_size, int64_t worker_id,
                                            const lmc_chunks *ch, const char *request_id,
                                            lmc_req_id *id, lmc_error *err) {
+    return lmc_send_retrieve_bytes_ex(c, model_name, world_size, worker_id, ch, request_id, NULL,
+                                      id, err);
+}
+
+LMC_API lmc_status lmc_send_retrieve_bytes_ex(lmc_client *c, const char *model_name,
+                                              int64_t world_size, int64_t worker_id,
+                                              const lmc_chunks *ch, const char *request_id,
+                                              const lmc_retrieve_bytes_options *opts,
+                                              lmc_req_id *id, lmc_error *err) {
     lmcc_clear_error(err);
     if (!model_name) return bad_arg(err, "model_name is required");
     struct lmcc_map m;
     lmcc_map_init(&m);
     put_rank(&m, model_name, world_size, worker_id);
     if (request_id) lmcc_put_str(&m, "request_id", request_id);
+    if (opts && opts->chunk_frames) lmcc_put_bool(&m, "chunk_frames", true);
     lmc_status s = lmcc_put_chunks(&m, ch, err);
     if (s != LMC_OK) {
         lmcc_map_destroy(&m);
@@ -908,13 +963,23 @@ LMC_API lmc_status lmc_store_bytes(lmc_client *c, const char *model_name, int64_
 LMC_API lmc_status lmc_retrieve_bytes(lmc_client *c, const char *model_name, int64_t world_size,
                                       int64_t worker_id, const lmc_chunks *ch,
                                       const char *request_id, lmc_reply **out, lmc_error *err) {
+    return lmc_retrieve_bytes_ex(c, model_name, world_size, worker_id, ch, request_id, NULL, out,
+                                 err);
+}
+
+LMC_API lmc_status lmc_retrieve_bytes_ex(lmc_client *c, const char *model_name, int64_t world_size,
+                                         int64_t worker_id, const lmc_chunks *ch,
+                                         const char *request_id,
+                                         const lmc_retrieve_bytes_options *opts, lmc_reply **out,
+                                         lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
     *out = NULL;
-    lmc_status s = finish(
-        c, lmc_send_retrieve_bytes(c, model_name, world_size, worker_id, ch, request_id, &id, err),
-        &id, &r, err);
-    if (s == LMC_OK) {
+    lmc_status s = finish(c,
+                          lmc_send_retrieve_bytes_ex(c, model_name, world_size, worker_id, ch,
+                                                     request_id, opts, &id, err),
+                          &id, &r, err);
+    if (s == LMC_OK && !r->has_frames) {
         const msgpack_object *o = lmcc_map_get(r->map, "chunks");
         bool good = o && o->type == MSGPACK_OBJECT_ARRAY;
         for (uint32_t i = 0; good && i < o->via.array.size; i++)

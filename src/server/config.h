@@ -164,6 +164,10 @@ enum opt_type {
       31536000, NULL, 0, "Lease of an L1 read lock")                                               \
     X(l1_write_ttl_seconds, "l1-write-ttl-seconds", OPT_FLOAT, "storage_manager", "600", 0.001,    \
       31536000, NULL, 0, "Lease of an L1 write lock")                                              \
+    X(l1_pinned_reply_ratio, "l1-pinned-reply-ratio", OPT_FLOAT, "storage_manager", "0.25", 0, 1,  \
+      NULL, 0,                                                                                     \
+      "Share of L1 that retrieve_bytes replies sent as chunk frames may pin until the client has " \
+      "read them (past it chunks are copied; 0: always copy)")                                     \
     X(l2_adapter, "l2-adapter", OPT_JSONLIST, "storage_manager", NULL, 0, -1, NULL, 0,             \
       "L2 adapter as a JSON object (repeatable), e.g. '{\"type\":\"fs\",\"base_path\":\"/d\"}'")   \
     X(l2_store_policy, "l2-store-policy", OPT_ENUM, "storage_manager", "default", 0, -1,           \

@@ -127,6 +127,7 @@ static double l1_gauge(struct engine *e, int which) {
                : which == 1 ? st->usage_ratio
                : which == 2 ? (double)st->staging_bytes
                : which == 3 ? (double)st->objects
+               : which == 5 ? (double)st->pinned_bytes
                             : (double)st->bytes_total;
     pthread_mutex_unlock(&e->l1m.lock);
     return v;
@@ -136,6 +137,7 @@ static double g_l1_ratio(void *a) { return l1_gauge(a, 1); }
 static double g_l1_staging(void *a) { return l1_gauge(a, 2); }
 static double g_l1_objects(void *a) { return l1_gauge(a, 3); }
 static double g_l1_total(void *a) { return l1_gauge(a, 4); }
+static double g_l1_pinned(void *a) { return l1_gauge(a, 5); }
 
 static void register_l1_metrics(struct engine *e) {
     struct engine_l1_metrics *m = &e->l1m;
@@ -155,7 +157,13 @@ static void register_l1_metrics(struct engine *e) {
                                "Passes of the L1 background evictor.", NULL);
     m->triggered = metrics_counter(e->metrics, "lmcache_mp_l1_eviction_loop_triggered_total",
                                    "Evictor passes that found L1 above its watermark.", NULL);
+    m->pin_refused = metrics_counter(
+        e->metrics, "lmcache_mp_l1_pin_refused_total",
+        "retrieve_bytes chunk frames copied because the pinned reply bytes were at their cap "
+        "(--l1-pinned-reply-ratio).",
+        NULL);
     /* Series that exist from the start, so dashboards see zeros rather than gaps. */
+    metric_series(m->pin_refused);
     static const char *const STORE[] = {"l1_store"};
     metric_labels(m->alloc_fail, STORE);
     metric_series(m->ticks);
@@ -170,6 +178,10 @@ static void register_l1_metrics(struct engine *e) {
                      "L1 bytes held by objects being written.", g_l1_staging, e);
     metrics_gauge_fn(e->metrics, "lmcache_mp_l1_objects", "Objects resident in L1.", g_l1_objects,
                      e);
+    metrics_gauge_fn(e->metrics, "lmcache_mp_l1_pinned_reply_bytes",
+                     "L1 bytes pinned by retrieve_bytes replies sent as chunk frames (one object's "
+                     "size per reply).",
+                     g_l1_pinned, e);
 }
 
 static double g_sessions(void *a) {
@@ -552,6 +564,7 @@ int engine_start_caches(struct engine *e, char *err, size_t errlen) {
     lc.read_ttl_ns = (uint64_t)(c->l1_read_ttl_seconds * 1e9);
     lc.write_ttl_ns = (uint64_t)(c->l1_write_ttl_seconds * 1e9);
     lc.touch_interval_ns = 100 * 1000 * 1000ULL; /* lazy LRU: 100 ms */
+    lc.pin_max_bytes = (uint64_t)(c->l1_pinned_reply_ratio * (double)lc.size_bytes);
     lc.quota = e->quota;
     if (e->nplacement) lc.listener = (struct l1_listener){placement_l1, e};
     char msg[256];
@@ -737,6 +750,7 @@ void engine_refresh_metrics(struct engine *e) {
     add_delta(m->alloc_fail, STORE, st.alloc_failures, &m->last_alloc_fail);
     add_delta(m->ticks, NULL, st.eviction_ticks, &m->last_ticks);
     add_delta(m->triggered, NULL, st.eviction_triggered, &m->last_triggered);
+    add_delta(m->pin_refused, NULL, st.pins_refused, &m->last_pin_refused);
     m->seen = 0;
     l1_salt_foreach(e->l1, refresh_salt, m);
     do_refresh_l2_metrics(e);
@@ -747,15 +761,18 @@ static json_t *l1_status(struct engine *e) {
     struct l1_stats st;
     l1_get_stats(e->l1, clock_mono_ns(), &st);
     return json_pack(
-        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:I}", "policy",
-        e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "doomed_objects",
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:I, s:I, s:I, s:I, "
+        "s:I}",
+        "policy", e->cfg->eviction_policy, "objects", (json_int_t)st.objects, "doomed_objects",
         (json_int_t)st.doomed_objects, "staging_objects", (json_int_t)st.staging_objects,
         "temporary_objects", (json_int_t)st.temporary_objects, "locked_objects",
         (json_int_t)st.locked_objects, "read_locked_objects", (json_int_t)st.read_locked_objects,
         "write_locked_objects", (json_int_t)st.write_locked_objects, "bytes_used",
         (json_int_t)st.bytes_used, "bytes_total", (json_int_t)st.bytes_total, "staging_bytes",
         (json_int_t)st.staging_bytes, "usage_ratio", st.usage_ratio, "hugepages", st.hugetlb,
-        "prefaulted_bytes", (json_int_t)atomic_load(&e->prefaulted_bytes));
+        "prefaulted_bytes", (json_int_t)atomic_load(&e->prefaulted_bytes), "pinned_objects",
+        (json_int_t)st.pinned_objects, "pins", (json_int_t)st.pins, "pinned_bytes",
+        (json_int_t)st.pinned_bytes, "pins_refused", (json_int_t)st.pins_refused);
 }
 
 json_t *engine_status(struct engine *e) {

@@ -54,8 +54,8 @@ struct engine_l2_metrics {
 /* Mirrors of L1's monotonic counters into the metrics registry (see engine_refresh_metrics). */
 struct engine_l1_metrics {
     pthread_mutex_t lock;
-    struct metric_family *read, *write, *evicted, *alloc_fail, *ticks, *triggered;
-    uint64_t last_alloc_fail, last_ticks, last_triggered;
+    struct metric_family *read, *write, *evicted, *alloc_fail, *ticks, *triggered, *pin_refused;
+    uint64_t last_alloc_fail, last_ticks, last_triggered, last_pin_refused;
     /* per salt id: last read/write/evicted seen, and 1 + the id's generation they belong to (an
      * id L1 reuses for another salt starts again from 0) */
     size_t seen, cap;

@@ -173,6 +173,18 @@ int main(int argc, char **argv) {
         expect("store_bytes/retrieve_bytes byte-identical", l0 == lens[0] && !memcmp(b0, obj, l0));
     else
         expect("store_bytes/retrieve_bytes byte-identical", 0);
+    expect("retrieve_bytes without options: the chunks array", r && !lmc_reply_has_chunk_frames(r));
+    lmc_reply_free(r);
+    /* The same as chunk frames: read through the same accessors, no copy. */
+    lmc_retrieve_bytes_options ro = {.chunk_frames = true};
+    r = NULL;
+    check("retrieve_bytes_ex chunk_frames",
+          lmc_retrieve_bytes_ex(c, "smoke-model", 1, 0, &ch2, NULL, &ro, &r, &e), &e);
+    l0 = 0;
+    expect("retrieve_bytes chunk frames byte-identical",
+           r && lmc_reply_has_chunk_frames(r) && lmc_reply_num_chunks(r) == 1 &&
+               lmc_reply_chunk(r, 0, &b0, &l0) && l0 == lens[0] && !memcmp(b0, obj, l0) &&
+               !lmc_reply_chunk(r, 1, &b0, &l0));
     lmc_reply_free(r);
 
     /* Pipelined: 64 noops and a get_chunk_size, collected newest first. */

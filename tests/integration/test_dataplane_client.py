@@ -68,7 +68,7 @@ def test_bench_throughput_small(make_server):
     r = bench(s, "--mode", "throughput", "--clients", "2", "--prompts", "3", "--rounds", "2")
     assert r.returncode == 0, r.stdout + r.stderr
     for line in ("memcpy reference", "before", "store (shm)", "retrieve (shm)", "store_bytes",
-                 "retrieve_bytes"):
+                 "retrieve_bytes", "retrieve_frames"):
         assert line in r.stdout, r.stdout
     m = re.search(r"lookup latency .*?(\d+) samples\): p50 ([\d.]+) us", r.stdout)
     assert m and int(m.group(1)) == 2 * 3 * 2

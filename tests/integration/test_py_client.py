@@ -98,6 +98,22 @@ def test_chunk_hashes_name_the_servers_chunks(dp, hash_seed):
     c.end_session("r")
 
 
+def test_retrieve_bytes_as_chunk_frames(dp):
+    """chunk_frames=True: the same chunks, as views of the frames they came in."""
+    s, c = dp()
+    toks = prompt(3, 4)
+    objs = [bytes([i]) * (100 << 10) for i in range(3)]
+    c.store_bytes("m", objs, token_ids=toks)
+    got = c.retrieve_bytes("m", token_ids=toks, chunk_frames=True).chunks
+    assert all(isinstance(g, memoryview) for g in got)
+    assert [bytes(g) for g in got] == objs
+    r = c.retrieve_bytes("m", token_ids=toks, start=CHUNK, chunk_frames=True)
+    assert r.retrieved_chunks == 2 and [bytes(g) for g in r.chunks] == objs[1:]
+    assert c.retrieve_bytes("m", token_ids=prompt(1, 5), chunk_frames=True).chunks == []
+    plain = c.retrieve_bytes("m", token_ids=toks).chunks
+    assert all(isinstance(g, bytes) for g in plain) and plain == objs
+
+
 # ---- operations ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("order", ["layer_major", "block_major"])

@@ -599,6 +599,151 @@ static void test_names_released_and_reused(void **state) {
     l1_destroy(l1);
 }
 
+static struct l1 *mk_pins(uint64_t size, uint64_t pin_max) {
+    struct l1_config cfg = {.size_bytes = size,
+                            .policy = L1_POLICY_LRU,
+                            .read_ttl_ns = 300 * SEC,
+                            .write_ttl_ns = 600 * SEC,
+                            .stripes = 8,
+                            .pin_max_bytes = pin_max};
+    return create(&cfg);
+}
+
+/* Pins a stored object the way a reply does: read lock, pin, release the read lock. */
+static struct l1_pin *pin_one(struct l1 *l1, const struct l1_key *k, uint64_t now) {
+    struct l1_ref r;
+    struct l1_pin *p = NULL;
+    assert_int_equal(l1_reserve_read(l1, k, 1, now, &r), L1_OK);
+    assert_int_equal(l1_pin(l1, k, now, &p), L1_OK);
+    assert_int_equal(l1_finish_read(l1, k, 1, now), L1_OK);
+    return p;
+}
+
+/* A pin needs a live read lock, outlives the read lease, keeps the object from eviction and
+ * from a non-forced delete; the last unpin of a resident object leaves it cached. */
+static void test_pin_holds_past_lease_and_eviction(void **state) {
+    (void)state;
+    struct l1 *l1 = mk_pins(1 << 20, 1 << 20);
+    struct l1_key k[17];
+    struct l1_pin *p = NULL;
+    uint64_t now = SEC;
+    for (unsigned i = 0; i < 17; i++) k[i] = key(l1, i, NULL);
+    assert_int_equal(store(l1, &k[0], now, 0xa0), L1_OK);
+    assert_int_equal(l1_pin(l1, &k[0], now, &p), L1_ERR_NOT_READABLE); /* no read lock */
+    struct l1_pin *p0 = pin_one(l1, &k[0], now);
+    struct l1_ref r;
+    assert_int_equal(l1_reserve_read(l1, &k[0], 1, now, &r), L1_OK);
+    uint8_t *data = r.data;
+    assert_int_equal(l1_finish_read(l1, &k[0], 1, now), L1_OK);
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.pins, 1);
+    assert_int_equal(st.pinned_objects, 1);
+    assert_int_equal(st.pinned_bytes, OBJ);
+    /* Far past every lease: still not evictable, not deletable without force. */
+    now += 10000 * SEC;
+    for (unsigned i = 1; i < 17; i++) assert_int_equal(store(l1, &k[i], now, (uint8_t)i), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &k[0], 1, now, &r), L1_OK); /* k[0] survived */
+    assert_int_equal(l1_finish_read(l1, &k[0], 1, now), L1_OK);
+    assert_int_equal(data[0], 0xa0);
+    assert_int_equal(data[OBJ - 1], 0xa0);
+    assert_int_equal(l1_delete(l1, &k[0], false, now), L1_ERR_BUSY);
+    struct l1_tick_report rep;
+    l1_evict_tick(l1, now, &rep);
+    assert_int_equal(l1_reserve_read(l1, &k[0], 1, now, &r), L1_OK);
+    assert_int_equal(l1_finish_read(l1, &k[0], 1, now), L1_OK);
+    l1_unpin(p0, now);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.pins, 0);
+    assert_int_equal(st.pinned_objects, 0);
+    assert_int_equal(st.pinned_bytes, 0);
+    assert_int_equal(l1_delete(l1, &k[0], false, now), L1_OK);
+    l1_destroy(l1);
+}
+
+/* Forced delete and clear doom a pinned object (its memory is not reused while a reply may
+ * still send it); the last unpin frees it, and the key can be stored again. */
+static void test_pin_doomed_by_clear_freed_by_unpin(void **state) {
+    (void)state;
+    struct l1 *l1 = mk_pins(1 << 20, 1 << 20);
+    struct l1_key a = key(l1, 1, NULL), b = key(l1, 2, NULL);
+    uint64_t now = SEC;
+    assert_int_equal(store(l1, &a, now, 1), L1_OK);
+    assert_int_equal(store(l1, &b, now, 2), L1_OK);
+    struct l1_pin *pa1 = pin_one(l1, &a, now), *pa2 = pin_one(l1, &a, now);
+    struct l1_pin *pb = pin_one(l1, &b, now);
+    assert_int_equal(l1_delete(l1, &b, true, now), L1_OK);
+    assert_int_equal(l1_clear(l1, true, now), 1);
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.objects, 0);
+    assert_int_equal(st.doomed_objects, 2);
+    assert_int_equal(st.bytes_used, 2 * OBJ);
+    /* Gone for readers and writers; neither the tick nor a second clear frees them. */
+    struct l1_ref r;
+    assert_int_equal(l1_reserve_read(l1, &a, 1, now, &r), L1_ERR_NOT_FOUND);
+    assert_int_equal(l1_reserve_write(l1, &a, OBJ, false, now, &r), L1_ERR_BUSY);
+    now += 10000 * SEC;
+    l1_evict_tick(l1, now, NULL);
+    l1_clear(l1, true, now);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 2);
+    l1_unpin(pb, now);
+    l1_unpin(pa1, now);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 1);
+    assert_int_equal(st.bytes_used, OBJ);
+    l1_unpin(pa2, now);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 0);
+    assert_int_equal(st.bytes_used, 0);
+    assert_int_equal(st.pins, 0);
+    assert_int_equal(st.pinned_bytes, 0);
+    assert_int_equal(store(l1, &a, now, 3), L1_OK);
+    l1_destroy(l1);
+}
+
+/* A temporary object (prefetched from L2) whose last read lock goes while it is pinned is freed
+ * by the last unpin; the cap refuses pins past pin_max_bytes and counts the refusals. */
+static void test_pin_temporary_and_cap(void **state) {
+    (void)state;
+    struct l1 *l1 = mk_pins(1 << 20, OBJ + OBJ / 2);
+    struct l1_key t = key(l1, 1, NULL), c = key(l1, 2, NULL);
+    struct l1_ref w;
+    uint64_t now = SEC;
+    assert_int_equal(l1_reserve_write(l1, &t, OBJ, true, now, &w), L1_OK);
+    assert_int_equal(l1_finish_write(l1, &t, w.token, 1, now), L1_OK);
+    struct l1_pin *pt = NULL, *pc = NULL;
+    assert_int_equal(l1_pin(l1, &t, now, &pt), L1_OK);
+    assert_int_equal(l1_finish_read(l1, &t, 1, now), L1_OK); /* last read lock: doomed */
+    struct l1_stats st;
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.temporary_objects, 0);
+    assert_int_equal(st.doomed_objects, 1);
+    assert_int_equal(st.bytes_used, OBJ);
+    /* The cap: a second object would pass it. */
+    assert_int_equal(store(l1, &c, now, 7), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &c, 1, now, &w), L1_OK);
+    assert_int_equal(l1_pin(l1, &c, now, &pc), L1_ERR_PIN_CAP);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.pins_refused, 1);
+    l1_unpin(pt, now);
+    l1_get_stats(l1, now, &st);
+    assert_int_equal(st.doomed_objects, 0);
+    assert_int_equal(st.bytes_used, OBJ); /* c only */
+    assert_int_equal(l1_pin(l1, &c, now, &pc), L1_OK);
+    assert_int_equal(l1_finish_read(l1, &c, 1, now), L1_OK);
+    l1_unpin(pc, now);
+    l1_destroy(l1);
+    /* pin_max_bytes 0: no pins at all. */
+    l1 = mk(1 << 20, L1_POLICY_LRU, NULL);
+    c = key(l1, 2, NULL);
+    assert_int_equal(store(l1, &c, now, 7), L1_OK);
+    assert_int_equal(l1_reserve_read(l1, &c, 1, now, &w), L1_OK);
+    assert_int_equal(l1_pin(l1, &c, now, &pc), L1_ERR_PIN_CAP);
+    l1_destroy(l1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_machine),
@@ -615,6 +760,9 @@ int main(void) {
         cmocka_unit_test(test_forced_clear_defers_locked_free),
         cmocka_unit_test(test_isolated_locks_capped_by_quota),
         cmocka_unit_test(test_names_released_and_reused),
+        cmocka_unit_test(test_pin_holds_past_lease_and_eviction),
+        cmocka_unit_test(test_pin_doomed_by_clear_freed_by_unpin),
+        cmocka_unit_test(test_pin_temporary_and_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

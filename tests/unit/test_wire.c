@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "server/dataplane/wire.h"
@@ -129,12 +130,39 @@ static void test_str_field_rejects_invalid_utf8(void **state) {
     msgpack_unpacked_destroy(&up);
 }
 
+static int released;
+static void count_release(void *data, void *hint) {
+    (void)data;
+    released += (int)(intptr_t)hint;
+}
+
+/* Frames a reply still owns (never handed to the socket) are released with it: each one's
+ * callback runs once (an L1 reply pin would otherwise never be released). */
+static void test_reply_free_releases_its_frames(void **state) {
+    (void)state;
+    struct dp_reply r;
+    dp_reply_init(&r);
+    assert_null(r.frames);
+    assert_int_equal(r.nframes, 0);
+    r.frames = calloc(2, sizeof(*r.frames));
+    assert_non_null(r.frames);
+    r.frames[0] = (struct dp_frame){NULL, 0, count_release, (void *)(intptr_t)1};
+    r.frames[1] = (struct dp_frame){NULL, 0, count_release, (void *)(intptr_t)10};
+    r.nframes = 2;
+    released = 0;
+    dp_reply_free(&r);
+    assert_int_equal(released, 11);
+    assert_null(r.frames);
+    assert_int_equal(r.nframes, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_check_rejects_huge_declared_containers),
         cmocka_unit_test(test_fields_and_reply),
         cmocka_unit_test(test_text_check_accepts_utf8_text_only),
         cmocka_unit_test(test_str_field_rejects_invalid_utf8),
+        cmocka_unit_test(test_reply_free_releases_its_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,6 +54,8 @@ struct dp_out {
     void *sock;
     char *body;
     size_t len;
+    struct dp_frame *frames; /* sent after body (retrieve_bytes chunk frames), or NULL */
+    uint32_t nframes;
     struct worker *w; /* charged with cost until the reply is handed to libzmq */
     size_t cost;
     struct dp_out *next;
@@ -104,19 +106,24 @@ static size_t frames_size(zmq_msg_t *id, zmq_msg_t *rid, zmq_msg_t *op) {
     return zmq_msg_size(id) + zmq_msg_size(rid) + zmq_msg_size(op);
 }
 
-/* Queues a reply for the loop thread. Takes ownership of the frames in req (closing payload).
- * The worker's charge for the request becomes a charge for the reply. */
-static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, size_t len) {
+/* Queues a reply for the loop thread. Takes ownership of the frames in req (closing payload),
+ * of body and of the chunk frames fr[0..nfr) (NULL: none). The worker's charge for the request
+ * becomes a charge for the reply: chunk frames count with their whole size, pinned L1 memory
+ * included, until libzmq has them (from then on the pin cap bounds them). */
+static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, size_t len,
+                        struct dp_frame *fr, uint32_t nfr) {
     struct dp_out *o = calloc(1, sizeof(*o));
     struct worker *w = req->w;
     if (w && o) {
         o->w = w;
         o->cost = sizeof(*o) + len + frames_size(&req->id, &req->rid, &req->op);
+        for (uint32_t i = 0; i < nfr; i++) o->cost += sizeof(fr[i]) + fr[i].len;
         atomic_fetch_add(&w->charged, o->cost);
     }
     if (w) atomic_fetch_sub(&w->charged, req->cost);
     if (!o) { /* the client times out; nothing else can be done without memory */
         free(body);
+        dp_frames_release(fr, nfr);
         zmq_msg_close(&req->id);
         zmq_msg_close(&req->rid);
         zmq_msg_close(&req->op);
@@ -138,6 +145,8 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     free(req);
     o->body = body;
     o->len = len;
+    o->frames = fr;
+    o->nframes = nfr;
     malloc_keep_for(len);
     pthread_mutex_lock(&dp->out_lock);
     if (dp->out_tail)
@@ -216,8 +225,12 @@ static void run(struct dataplane *dp, struct dp_req *req) {
                           zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
     size_t len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
+    struct dp_frame *fr = r.frames;
+    uint32_t nfr = r.nframes;
+    r.frames = NULL;
+    r.nframes = 0;
     dp_reply_free(&r);
-    queue_reply(dp, req, body, len);
+    queue_reply(dp, req, body, len, fr, nfr);
 }
 
 static void *worker_main(void *arg) {
@@ -281,7 +294,7 @@ static void reject(struct dataplane *dp, struct dp_req *req, const char *code, c
     size_t len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
     dp_reply_free(&r);
-    queue_reply(dp, req, body, len);
+    queue_reply(dp, req, body, len, NULL, 0);
 }
 
 /* Receives one whole multipart message. */
@@ -361,11 +374,32 @@ static void send_replies(struct dataplane *dp) {
             free(o->body); /* out of memory: the client times out */
             zmq_msg_init(&body);
         }
+        /* Chunk frames: each message owns its frame from here (closing it releases it). */
+        zmq_msg_t *cf = NULL;
+        uint32_t ncf = 0;
+        if (o->nframes) {
+            cf = calloc(o->nframes, sizeof(*cf));
+            for (; cf && ncf < o->nframes; ncf++) {
+                struct dp_frame *f = &o->frames[ncf];
+                if (zmq_msg_init_data(&cf[ncf], f->data, f->len, f->release, f->hint) != 0) break;
+            }
+            if (ncf < o->nframes) { /* out of memory: drop the reply, the client times out */
+                have = 0;
+                for (uint32_t i = ncf; i < o->nframes; i++)
+                    o->frames[i].release(o->frames[i].data, o->frames[i].hint);
+            }
+        }
+        free(o->frames);
+        o->frames = NULL;
         /* A vanished peer makes the send fail; the reply is then dropped. */
         if (have && zmq_msg_send(&o->id, o->sock, ZMQ_SNDMORE) >= 0 &&
             zmq_msg_send(&o->rid, o->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->op, o->sock, ZMQ_SNDMORE) >= 0)
-            zmq_msg_send(&body, o->sock, 0);
+            zmq_msg_send(&o->op, o->sock, ZMQ_SNDMORE) >= 0 &&
+            zmq_msg_send(&body, o->sock, ncf ? ZMQ_SNDMORE : 0) >= 0)
+            for (uint32_t i = 0; i < ncf; i++)
+                if (zmq_msg_send(&cf[i], o->sock, i + 1 < ncf ? ZMQ_SNDMORE : 0) < 0) break;
+        for (uint32_t i = 0; i < ncf; i++) zmq_msg_close(&cf[i]);
+        free(cf);
         zmq_msg_close(&body);
         zmq_msg_close(&o->id);
         zmq_msg_close(&o->rid);
@@ -614,6 +648,7 @@ void dataplane_stop(struct dataplane *dp) {
         zmq_msg_close(&o->rid);
         zmq_msg_close(&o->op);
         free(o->body);
+        dp_frames_release(o->frames, o->nframes);
         free(o);
         o = n;
     }

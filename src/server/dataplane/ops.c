@@ -648,21 +648,65 @@ uint64_t dp_max_reply_bytes(const struct server_config *cfg) {
     return (uint64_t)mb << 20;
 }
 
+/* Frame release callbacks (run by libzmq's I/O thread, or the sender when a send fails). */
+static void release_pin(void *data, void *hint) {
+    (void)data;
+    l1_unpin(hint, clock_mono_ns());
+}
+
+static void release_copy(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+/* The chunk frames of a retrieve_bytes reply: each chunk sent straight from L1 under a reply
+ * pin, or, once the pinned bytes are at --l1-pinned-reply-ratio, from a copy. Called with the
+ * chunks read-locked; the pins outlive the locks. *copied counts the copies. */
+static int chunk_frames(struct op_ctx *o, const struct engine_ref *refs, uint32_t n,
+                        uint32_t *copied) {
+    *copied = 0;
+    if (n == 0) return 0;
+    struct dp_frame *fr = calloc(n, sizeof(*fr));
+    if (!fr) goto oom;
+    for (uint32_t i = 0; i < n; i++) {
+        struct l1_pin *pin;
+        if (l1_pin(o->e->l1, &refs[i].key, o->now, &pin) == L1_OK) {
+            fr[i] = (struct dp_frame){(void *)refs[i].data, refs[i].size, release_pin, pin};
+            continue;
+        }
+        void *c = malloc(refs[i].size);
+        if (!c) {
+            dp_frames_release(fr, i);
+            goto oom;
+        }
+        memcpy(c, refs[i].data, refs[i].size);
+        fr[i] = (struct dp_frame){c, refs[i].size, release_copy, NULL};
+        (*copied)++;
+    }
+    o->r->frames = fr;
+    o->r->nframes = n;
+    return 0;
+oom:
+    dp_fail(o->err, DP_INTERNAL, "out of memory for the frames of %u chunks", n);
+    return -1;
+}
+
 static int op_retrieve_bytes(struct op_ctx *o) {
     char model[KEYS_MODEL_NAME_MAX + 1], rid[ENGINE_REQUEST_ID_MAX + 1] = "";
     uint32_t ws, rank, got = 0;
     struct engine_prompt cr;
     struct engine_ref *refs = NULL;
     uint64_t t0 = clock_mono_ns(), bytes = 0;
-    int rc = -1;
+    int rc = -1, frames = 0;
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
     memset(&cr, 0, sizeof(cr));
     metric_inc(o->e->dpm.retrieves_submitted, 1);
     if (dp_cstr(o->m, "request_id", 0, rid, sizeof(rid), o->err) < 0) goto out;
+    if (dp_bool(o->m, "chunk_frames", 0, &frames, o->err) < 0) goto out;
     if (parse_range(o, &cr, 1) < 0) goto out;
     /* Lock the leading present chunks first, so the reply can be sized exactly (and held to
      * --max-reply-mb before it is built) and each chunk copied once, straight from L1 into the
-     * reply. */
+     * reply -- or, with chunk_frames, pinned and sent from L1. */
     uint32_t want = cr.end_chunk - cr.start_chunk;
     uint64_t cap = dp_max_reply_bytes(o->e->cfg);
     refs = calloc(want ? want : 1, sizeof(*refs));
@@ -690,16 +734,23 @@ static int op_retrieve_bytes(struct op_ctx *o) {
         bytes += refs[got].size;
         got++;
     }
-    if (dp_reply_reserve(o->r, bytes + 16 + (size_t)got * 8) < 0) {
-        dp_fail(o->err, DP_INTERNAL, "out of memory for a %llu-byte reply",
-                (unsigned long long)bytes);
-        goto out;
-    }
-    dp_key(o->r, "chunks");
-    msgpack_pack_array(&o->r->pk, got);
-    for (uint32_t i = 0; i < got; i++) {
-        msgpack_pack_bin(&o->r->pk, refs[i].size);
-        msgpack_pack_bin_body(&o->r->pk, refs[i].data, refs[i].size);
+    if (frames) {
+        uint32_t copied = 0;
+        if (chunk_frames(o, refs, got, &copied) < 0) goto out;
+        dp_put_int(o->r, "chunk_frames", got);
+        dp_put_int(o->r, "copied_chunks", copied);
+    } else {
+        if (dp_reply_reserve(o->r, bytes + 16 + (size_t)got * 8) < 0) {
+            dp_fail(o->err, DP_INTERNAL, "out of memory for a %llu-byte reply",
+                    (unsigned long long)bytes);
+            goto out;
+        }
+        dp_key(o->r, "chunks");
+        msgpack_pack_array(&o->r->pk, got);
+        for (uint32_t i = 0; i < got; i++) {
+            msgpack_pack_bin(&o->r->pk, refs[i].size);
+            msgpack_pack_bin_body(&o->r->pk, refs[i].data, refs[i].size);
+        }
     }
     observe_throughput(o->e, 0, model, bytes, t0);
     metric_inc(o->e->dpm.retrieves_finished, 1);

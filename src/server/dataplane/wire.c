@@ -211,9 +211,22 @@ void dp_reply_init(struct dp_reply *r) {
     static const char hole[HEADER_HOLE] = {0};
     msgpack_sbuffer_write(&r->buf, hole, HEADER_HOLE);
     r->header = HEADER_HOLE;
+    r->frames = NULL;
+    r->nframes = 0;
 }
 
-void dp_reply_free(struct dp_reply *r) { msgpack_sbuffer_destroy(&r->buf); }
+void dp_frames_release(struct dp_frame *frames, uint32_t n) {
+    for (uint32_t i = 0; frames && i < n; i++)
+        if (frames[i].release) frames[i].release(frames[i].data, frames[i].hint);
+    free(frames);
+}
+
+void dp_reply_free(struct dp_reply *r) {
+    msgpack_sbuffer_destroy(&r->buf);
+    dp_frames_release(r->frames, r->nframes);
+    r->frames = NULL;
+    r->nframes = 0;
+}
 
 int dp_reply_reserve(struct dp_reply *r, size_t extra) {
     if (r->buf.size + extra <= r->buf.alloc) return 0;

@@ -80,13 +80,29 @@ int dp_u32_array(const struct dp_map *m, const char *name, int required, uint32_
 void dp_fail(struct dp_err *err, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Reply builder: a map whose entry count is fixed up at the end. */
+/* A frame sent after the reply map (retrieve_bytes with chunk_frames): libzmq sends it from
+ * where it is and calls release(data, hint) once done with it, from any thread (libzmq's I/O
+ * thread, or the sender when the send fails). */
+struct dp_frame {
+    void *data;
+    size_t len;
+    void (*release)(void *data, void *hint);
+    void *hint;
+};
+
+/* Reply builder: a map whose entry count is fixed up at the end, and the frames that follow it
+ * (none for every operation but retrieve_bytes with chunk_frames). */
 struct dp_reply {
     msgpack_sbuffer buf;
     msgpack_packer pk;
     uint32_t nfields;
-    size_t header; /* bytes reserved for the map header */
+    size_t header;           /* bytes reserved for the map header */
+    struct dp_frame *frames; /* malloc'd, nframes long; whoever takes them sets this NULL */
+    uint32_t nframes;
 };
+
+/* Releases frames[0..n) and frees the array. */
+void dp_frames_release(struct dp_frame *frames, uint32_t n);
 
 void dp_reply_init(struct dp_reply *r);
 void dp_reply_free(struct dp_reply *r);

@@ -102,6 +102,9 @@ fail:
 void l1_destroy(struct l1 *l1) {
     if (!l1) return;
     CHECK_L1(l1);
+    if (cnt_get(&l1->pins) && l1->log)
+        log_error(l1->log, "L1 destroyed with %llu reply pins held",
+                  (unsigned long long)cnt_get(&l1->pins));
     for (uint32_t i = 0; i < l1->nstripes; i++) {
         struct stripe *s = &l1->stripes[i];
         for (size_t b = 0; b < s->t.nb; b++) {
@@ -133,11 +136,12 @@ void l1_get_stats(struct l1 *l1, uint64_t now, struct l1_stats *st) {
         for (size_t b = 0; b < s->t.nb; b++)
             for (struct htab_node *n = s->t.b[b]; n; n = n->next) {
                 const struct l1_entry *e = ENTRY_OF(n);
-                if (e->state == ST_DOOMED || !is_locked(e, now)) continue;
+                if (pins_of(e)) st->pinned_objects++;
+                if (e->state == ST_DOOMED || e->deadline <= now) continue;
                 if (e->state == ST_STAGING)
                     st->write_locked_objects++;
-                else
-                    st->read_locked_objects++;
+                else if (e->readers > 0)
+                    st->read_locked_objects++; /* pins are counted apart */
             }
         pthread_mutex_unlock(&s->mu);
     }
@@ -162,6 +166,9 @@ void l1_get_stats(struct l1 *l1, uint64_t now, struct l1_stats *st) {
     st->reclaimed_staging = cnt_get(&l1->reclaimed);
     st->eviction_ticks = cnt_get(&l1->ticks);
     st->eviction_triggered = cnt_get(&l1->triggered);
+    st->pins = cnt_get(&l1->pins);
+    st->pinned_bytes = cnt_get(&l1->pinned_bytes);
+    st->pins_refused = cnt_get(&l1->pin_refused);
 }
 
 void l1_salt_foreach(struct l1 *l1,
@@ -221,6 +228,8 @@ const char *l1_strerror(int rc) {
         return "too many distinct model names or cache salts in use";
     case L1_ERR_OVER_QUOTA:
         return "read locks would exceed the cache salt's quota";
+    case L1_ERR_PIN_CAP:
+        return "pinned reply bytes at their cap";
     default:
         return "unknown error";
     }

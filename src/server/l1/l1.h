@@ -54,8 +54,9 @@ enum {
     L1_ERR_INVAL = -6,          /* size 0 or larger than an object may be */
     L1_ERR_TOO_MANY_NAMES = -7, /* every name id is used by objects (or the key's name was
                                    dropped meanwhile) */
-    L1_ERR_OVER_QUOTA = -8      /* IsolatedLRU: the read lock would pin more than the salt's
+    L1_ERR_OVER_QUOTA = -8,     /* IsolatedLRU: the read lock would pin more than the salt's
                                    quota */
+    L1_ERR_PIN_CAP = -9         /* l1_pin: the pinned bytes would exceed pin_max_bytes */
 };
 
 enum l1_policy { L1_POLICY_LRU = 0, L1_POLICY_ISOLATED_LRU = 1, L1_POLICY_NOOP = 2 };
@@ -89,6 +90,8 @@ struct l1_config {
     uint32_t alloc_evict_max;   /* victims examined per allocation before giving up; 0 = 4096 */
     uint32_t max_salts;         /* distinct cache_salts (<= 65535); 0 = 4096 */
     uint32_t max_models;        /* distinct model names (<= 65535); 0 = 1024 */
+    uint64_t pin_max_bytes;     /* reply pins (l1_pin) may hold at most this many bytes; 0: no
+                                   pins */
     struct quota *quota;        /* borrowed, may be NULL (every salt then has limit 0); read by
                                    l1_evict_tick and l1_quota_changed only */
     /* optional: told of resident objects coming and going (on_change NULL: none) */
@@ -124,6 +127,9 @@ struct l1_stats {
     uint64_t write_locked_objects; /* staging with a live write lease */
     uint64_t locked_objects;       /* read_locked + write_locked */
     uint64_t doomed_objects;       /* removed by a forced clear/delete, still in use */
+    uint64_t pinned_objects;       /* objects with reply pins (l1_pin) */
+    uint64_t pins;                 /* reply pins held */
+    uint64_t pinned_bytes;         /* bytes the pins hold (one object's size per pin) */
     uint64_t bytes_used;           /* arena bytes in use (resident + staging, unit-rounded) */
     uint64_t bytes_total;
     double usage_ratio;
@@ -136,6 +142,7 @@ struct l1_stats {
     uint64_t reclaimed_staging;  /* expired write leases reclaimed */
     uint64_t eviction_ticks;     /* l1_evict_tick calls */
     uint64_t eviction_triggered; /* ticks that found usage above the watermark */
+    uint64_t pins_refused;       /* l1_pin calls refused by pin_max_bytes */
 };
 
 struct l1_salt_stats {
@@ -217,6 +224,20 @@ size_t l1_reserve_read_prefix(struct l1 *l1, const struct l1_key *keys, size_t c
                               uint64_t now_ns);
 int l1_read_locked(struct l1 *l1, const struct l1_key *key, uint64_t now_ns, struct l1_ref *out);
 int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t now_ns);
+
+/* ---- reply pins ------------------------------------------------------------------------------
+ * l1_pin: while the caller holds a live read lock on key (RESIDENT, or DOOMED after a forced
+ *   clear), pins the object for a reply sent straight from its memory. A pin does not expire:
+ *   the entry counts as locked (never evicted, delete needs force, clear dooms it) until
+ *   l1_unpin, and a doomed or temporary entry is freed by its last unpin. The read lock may be
+ *   released once the pin is taken. L1_OK with *out set; L1_ERR_PIN_CAP when the pinned bytes
+ *   would pass pin_max_bytes (send a copy instead); L1_ERR_NOT_READABLE / L1_ERR_NOT_FOUND
+ *   without a live read lock; L1_ERR_NOMEM; L1_ERR_BUSY when the count is full.
+ * l1_unpin: releases a pin; thread-safe, callable from any thread holding no L1 lock (libzmq's
+ *   message free callback). Every pin must be released before l1_destroy. */
+struct l1_pin;
+int l1_pin(struct l1 *l1, const struct l1_key *key, uint64_t now_ns, struct l1_pin **out);
+void l1_unpin(struct l1_pin *pin, uint64_t now_ns);
 
 /* ---- maintenance ------------------------------------------------------------------------------
  * l1_delete: frees a key. Without force, a key with live leases gives L1_ERR_BUSY; force removes

@@ -63,8 +63,14 @@ struct l1_entry {
     uint64_t deadline;  /* write lease (STAGING) or read lease (RESIDENT, readers > 0) */
     uint32_t off_units; /* arena offset in units */
     uint32_t size;      /* bytes requested by the writer */
-    uint32_t token;     /* write token of the current writer */
-    uint32_t touched;   /* last LRU move, now_ns >> 20 (about 1 ms), wraps */
+    /* The write token while a writer holds the entry (STAGING, or DOOMED with F_WRITER); the
+     * count of reply pins (l1_pin) once it is readable (RESIDENT, DOOMED without F_WRITER). The
+     * two never coexist, so they share the word and the entry stays 104 bytes. */
+    union {
+        uint32_t token;
+        uint32_t pins;
+    };
+    uint32_t touched; /* last LRU move, now_ns >> 20 (about 1 ms), wraps */
 };
 
 struct l1_list {
@@ -112,6 +118,8 @@ struct l1 {
 
     _Atomic uint64_t read_chunks, write_chunks, evicted_chunks, alloc_failures;
     _Atomic uint64_t reclaimed, ticks, triggered;
+    /* reply pins: bytes held (one object's size per pin), pins held, refusals */
+    _Atomic uint64_t pinned_bytes, pins, pin_refused;
 };
 
 static inline void cnt_add(_Atomic uint64_t *c, uint64_t v) {
@@ -207,18 +215,24 @@ static inline uint64_t rounded(const struct l1 *l1, uint64_t size) {
     return arena_rounded(l1->arena, size);
 }
 
-/* Caller holds the entry's stripe lock. */
+static inline bool has_writer(const struct l1_entry *e) {
+    return e->state == ST_STAGING || (e->state == ST_DOOMED && (e->flags & F_WRITER));
+}
+
+/* Caller holds the entry's stripe lock. Reply pins never expire. */
+static inline uint32_t pins_of(const struct l1_entry *e) { return has_writer(e) ? 0 : e->pins; }
+
+/* Caller holds the entry's stripe lock. Pinned entries are locked whatever their leases. */
 static inline bool is_locked(const struct l1_entry *e, uint64_t now) {
-    if (e->state == ST_STAGING || (e->state == ST_DOOMED && (e->flags & F_WRITER)))
-        return e->deadline > now;
-    return e->readers > 0 && e->deadline > now;
+    if (has_writer(e)) return e->deadline > now;
+    return e->pins > 0 || (e->readers > 0 && e->deadline > now);
 }
 
 static inline void fill_ref(struct l1 *l1, const struct l1_entry *e, struct l1_ref *out) {
     if (!out) return;
     out->data = arena_ptr(l1->arena, (uint64_t)e->off_units << l1->unit_shift);
     out->size = e->size;
-    out->token = e->token;
+    out->token = has_writer(e) ? e->token : 0;
 }
 
 /* Locks the stripe of key and finds its entry (NULL when absent). The caller unlocks (*sp)->mu. */

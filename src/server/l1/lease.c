@@ -233,6 +233,7 @@ int l1_finish_write(struct l1 *l1, const struct l1_key *key, uint32_t token, uin
         return L1_ERR_EXPIRED;
     }
     e->state = ST_RESIDENT;
+    e->pins = 0; /* the token's word: the writer is done */
     e->readers = read_locks;
     int rc = L1_OK;
     if (e->readers && !do_count_lock(l1, e)) {
@@ -269,6 +270,73 @@ int l1_abort_write(struct l1 *l1, const struct l1_key *key, uint32_t token) {
     }
     pthread_mutex_unlock(&s->mu);
     return rc;
+}
+
+/* ---- reply pins ----
+ * A pin keeps an object's memory for a reply that libzmq sends straight from L1: unlike a read
+ * lease it never expires (a reply queued for a client that stops reading may wait any time),
+ * so it makes the entry locked for eviction, delete and clear, which doom it instead of freeing
+ * it; the last unpin frees a doomed entry. Pins are released by whichever thread drops the
+ * message (libzmq's I/O thread), by the handle alone. The bytes pinned are capped
+ * (pin_max_bytes, one object's size per pin). */
+struct l1_pin {
+    struct l1 *l1;
+    struct l1_entry *e;
+    uint32_t size;
+};
+
+int l1_pin(struct l1 *l1, const struct l1_key *key, uint64_t now, struct l1_pin **out) {
+    CHECK_L1(l1);
+    struct l1_pin *p = malloc(sizeof(*p));
+    if (!p) return L1_ERR_NOMEM;
+    uint64_t h;
+    struct stripe *s;
+    struct l1_entry *e = lock_find(l1, key, &s, &h);
+    int rc = L1_ERR_NOT_FOUND;
+    if (e && !has_writer(e) && (e->state == ST_RESIDENT || e->state == ST_DOOMED)) {
+        if (!(e->readers > 0 && e->deadline > now)) {
+            rc = e->state == ST_DOOMED ? L1_ERR_NOT_FOUND : L1_ERR_NOT_READABLE;
+        } else if (e->pins == UINT32_MAX) {
+            rc = L1_ERR_BUSY;
+        } else {
+            /* The cap: reserve first, so concurrent pins never pass it together. */
+            uint64_t cur = atomic_fetch_add(&l1->pinned_bytes, e->size);
+            if (cur + e->size > l1->cfg.pin_max_bytes) {
+                atomic_fetch_sub(&l1->pinned_bytes, e->size);
+                cnt_add(&l1->pin_refused, 1);
+                rc = L1_ERR_PIN_CAP;
+            } else {
+                e->pins++;
+                cnt_add(&l1->pins, 1);
+                *p = (struct l1_pin){l1, e, e->size};
+                rc = L1_OK;
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == L1_OK)
+        *out = p;
+    else
+        free(p);
+    return rc;
+}
+
+void l1_unpin(struct l1_pin *p, uint64_t now) {
+    if (!p) return;
+    struct l1 *l1 = p->l1;
+    struct l1_entry *e = p->e;
+    CHECK_L1(l1);
+    CHECK_ENTRY(e); /* a pinned entry is never freed: its key, hence its stripe, is still valid */
+    uint64_t h = key_hash(&e->key);
+    struct stripe *s = stripe_of(l1, h);
+    pthread_mutex_lock(&s->mu);
+    assert(e->pins > 0 && !has_writer(e));
+    e->pins--;
+    if (e->pins == 0 && e->state == ST_DOOMED && !is_locked(e, now)) do_l1_remove(l1, s, e, h);
+    pthread_mutex_unlock(&s->mu);
+    atomic_fetch_sub(&l1->pinned_bytes, p->size);
+    atomic_fetch_sub(&l1->pins, 1);
+    free(p);
 }
 
 /* Caller holds the stripe lock. IsolatedLRU: counts e's bytes into its salt's locked bytes
@@ -369,12 +437,13 @@ int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t
         rc = L1_OK;
         uint32_t r = e->deadline > now ? e->readers : 0;
         e->readers = r > n ? r - n : 0;
-        if (e->readers == 0) do_l1_remove(l1, s, e, h); /* the last user of a cleared object */
+        if (e->readers == 0 && !e->pins)
+            do_l1_remove(l1, s, e, h); /* the last user of a cleared object */
     } else if (e && e->state == ST_RESIDENT) {
         rc = L1_OK;
         uint32_t r = e->deadline > now ? e->readers : 0;
         e->readers = r > n ? r - n : 0;
-        if (e->readers == 0 && (e->flags & F_TEMP)) {
+        if (e->readers == 0 && (e->flags & F_TEMP) && !e->pins) {
             do_l1_remove(l1, s, e, h);
         } else {
             if (e->readers == 0 && (e->flags & F_LCOUNT)) {
@@ -382,7 +451,10 @@ int l1_finish_read(struct l1 *l1, const struct l1_key *key, uint32_t n, uint64_t
                 do_uncount_lock(l1, e);
                 pthread_mutex_unlock(&l1->lru_mu);
             }
-            do_l1_touch(l1, e, now, false);
+            if (e->readers == 0 && (e->flags & F_TEMP))
+                do_doom(l1, e); /* a reply still sends it: freed by the last unpin */
+            else
+                do_l1_touch(l1, e, now, false);
         }
     }
     pthread_mutex_unlock(&s->mu);
