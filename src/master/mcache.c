@@ -1,5 +1,5 @@
 /* The Redis store's read cache (mcache.h): 256 stripes, each a mutex, a chained hash table,
- * an LRU list, a byte budget and an invalidation generation.
+ * a CLOCK ring, a byte budget and an invalidation generation.
  *
  * No stale fill: a lookup that misses hands out its stripe's generation as a ticket; every
  * invalidation of a key of the stripe, and every flush, bumps the generation under the
@@ -22,17 +22,27 @@
 
 struct ment {
     struct ment *next;          /* bucket chain */
-    struct ment *lprev, *lnext; /* LRU list, most recent first */
+    struct ment *lprev, *lnext; /* the CLOCK ring as a list: newest (or spared) first */
     uint64_t hv;
     uint32_t klen, vlen;
     uint8_t kind;
+    uint8_t ref;    /* read since the hand last passed */
     uint8_t data[]; /* key, then value */
+};
+
+/* A bucket array with its size, so that one load gives both (the prefetch reads it without
+ * the stripe mutex). Arrays outgrown are kept until the cache is freed: a prefetch may still
+ * read them (together at most the size of the current one). */
+struct btab {
+    struct btab *retired;
+    size_t nb;
+    struct ment *slot[];
 };
 
 struct stripe {
     pthread_mutex_t mu;
-    struct ment **b;
-    size_t nb, n;
+    struct btab *t; /* written under mu with release, read by prefetches relaxed */
+    size_t n;
     struct ment *head, *tail;
     size_t bytes, budget;
     uint64_t gen;
@@ -56,7 +66,7 @@ uint64_t mcache_hash(uint8_t kind, const void *key, size_t klen) {
 static struct stripe *stripe_of(struct mcache *c, uint64_t hv) { return &c->st[hv % NSTRIPES]; }
 
 static size_t bucket_of(const struct stripe *s, uint64_t hv) {
-    return (size_t)((hv / NSTRIPES) & (s->nb - 1));
+    return (size_t)((hv / NSTRIPES) & (s->t->nb - 1));
 }
 
 struct mcache *mcache_new(size_t max_bytes) {
@@ -66,9 +76,9 @@ struct mcache *mcache_new(size_t max_bytes) {
         struct stripe *s = &c->st[i];
         pthread_mutex_init(&s->mu, NULL);
         s->budget = max_bytes / NSTRIPES;
-        s->nb = 16;
-        s->b = calloc(s->nb, sizeof(*s->b));
-        if (!s->b) {
+        s->t = calloc(1, sizeof(struct btab) + 16 * sizeof(struct ment *));
+        if (s->t) s->t->nb = 16;
+        if (!s->t) {
             mcache_free(c);
             return NULL;
         }
@@ -81,7 +91,8 @@ static void do_clear(struct stripe *s) {
         nx = e->lnext;
         free(e);
     }
-    if (s->b) memset(s->b, 0, s->nb * sizeof(*s->b));
+    for (size_t i = 0; s->t && i < s->t->nb; i++)
+        __atomic_store_n(&s->t->slot[i], NULL, __ATOMIC_RELAXED);
     s->head = s->tail = NULL;
     s->n = s->bytes = 0;
     s->gen++;
@@ -91,7 +102,10 @@ void mcache_free(struct mcache *c) {
     if (!c) return;
     for (uint32_t i = 0; i < NSTRIPES; i++) {
         do_clear(&c->st[i]);
-        free(c->st[i].b);
+        for (struct btab *t = c->st[i].t, *nx; t; t = nx) {
+            nx = t->retired;
+            free(t);
+        }
         pthread_mutex_destroy(&c->st[i].mu);
     }
     free(c);
@@ -120,7 +134,7 @@ static void lru_push(struct stripe *s, struct ment *e) {
 /* The link pointing at the entry of (kind, key), or at the chain's terminating NULL. */
 static struct ment **do_find(struct stripe *s, uint8_t kind, const void *key, size_t klen,
                              uint64_t hv) {
-    struct ment **pp = &s->b[bucket_of(s, hv)];
+    struct ment **pp = &s->t->slot[bucket_of(s, hv)];
     for (; *pp; pp = &(*pp)->next) {
         const struct ment *e = *pp;
         if (e->hv == hv && e->kind == kind && e->klen == klen && memcmp(e->data, key, klen) == 0)
@@ -129,9 +143,14 @@ static struct ment **do_find(struct stripe *s, uint8_t kind, const void *key, si
     return pp;
 }
 
+/* Links are stored relaxed-atomically: mcache_prefetch reads bucket heads without the lock. */
+static void set_link(struct ment **pp, struct ment *e) {
+    __atomic_store_n(pp, e, __ATOMIC_RELAXED);
+}
+
 static void do_remove(struct stripe *s, struct ment **pp) {
     struct ment *e = *pp;
-    *pp = e->next;
+    set_link(pp, e->next);
     lru_unlink(s, e);
     s->n--;
     s->bytes -= cost(e);
@@ -161,10 +180,7 @@ int mcache_get(struct mcache *c, uint8_t kind, const void *key, size_t klen, uin
     int rc = 0;
     if (e) {
         rc = mcache_buf_put(out, e->data + e->klen, e->vlen) ? 1 : -1;
-        if (e != s->head) {
-            lru_unlink(s, e);
-            lru_push(s, e);
-        }
+        e->ref = 1; /* no list surgery on a hit: its neighbours' cache lines stay cold */
         s->hits++;
     } else {
         s->misses++;
@@ -175,19 +191,38 @@ int mcache_get(struct mcache *c, uint8_t kind, const void *key, size_t klen, uin
 }
 
 static void do_grow(struct stripe *s) {
-    size_t nb = s->nb * 2;
-    struct ment **b = calloc(nb, sizeof(*b));
-    if (!b) return; /* longer chains, still correct */
-    for (size_t i = 0; i < s->nb; i++)
-        for (struct ment *e = s->b[i], *nx; e; e = nx) {
+    size_t nb = s->t->nb * 2;
+    struct btab *t = calloc(1, sizeof(*t) + nb * sizeof(struct ment *));
+    if (!t) return; /* longer chains, still correct */
+    t->nb = nb;
+    for (size_t i = 0; i < s->t->nb; i++)
+        for (struct ment *e = s->t->slot[i], *nx; e; e = nx) {
             nx = e->next;
             size_t k = (size_t)((e->hv / NSTRIPES) & (nb - 1));
-            e->next = b[k];
-            b[k] = e;
+            e->next = t->slot[k];
+            t->slot[k] = e;
         }
-    free(s->b);
-    s->b = b;
-    s->nb = nb;
+    t->retired = s->t;
+    __atomic_store_n(&s->t, t, __ATOMIC_RELEASE);
+}
+
+void mcache_prefetch(struct mcache *c, const uint64_t *hv, size_t n, int stage) {
+    for (size_t i = 0; i < n; i++) {
+        if (!hv[i]) continue;
+        struct stripe *s = stripe_of(c, hv[i]);
+        struct btab *t = __atomic_load_n(&s->t, __ATOMIC_ACQUIRE);
+        struct ment **slot = &t->slot[(hv[i] / NSTRIPES) & (t->nb - 1)];
+        if (stage == 0) {
+            __builtin_prefetch(slot);
+        } else {
+            /* The head may be freed meanwhile: a prefetch never faults. */
+            const char *e = (const char *)__atomic_load_n(slot, __ATOMIC_RELAXED);
+            if (e) {
+                __builtin_prefetch(e);
+                __builtin_prefetch(e + 64);
+            }
+        }
+    }
 }
 
 void mcache_fill(struct mcache *c, uint8_t kind, const void *key, size_t klen, uint64_t hv,
@@ -201,6 +236,7 @@ void mcache_fill(struct mcache *c, uint8_t kind, const void *key, size_t klen, u
     e->kind = kind;
     e->klen = (uint32_t)klen;
     e->vlen = (uint32_t)vlen;
+    e->ref = 0;
     memcpy(e->data, key, klen);
     if (vlen) memcpy(e->data + klen, val, vlen);
     pthread_mutex_lock(&s->mu);
@@ -212,15 +248,23 @@ void mcache_fill(struct mcache *c, uint8_t kind, const void *key, size_t klen, u
     }
     struct ment **pp = do_find(s, kind, key, klen, hv);
     if (*pp) do_remove(s, pp);
+    /* CLOCK (second chance): the oldest entry goes unless read since the hand last passed
+     * it; then it is spared once, moved to the front with its bit cleared. */
     while (s->bytes + need > s->budget && s->tail) {
         struct ment *v = s->tail;
+        if (v->ref) {
+            v->ref = 0;
+            lru_unlink(s, v);
+            lru_push(s, v);
+            continue;
+        }
         do_remove(s, do_find(s, v->kind, v->data, v->klen, v->hv));
         s->evict++;
     }
-    if (s->n >= s->nb) do_grow(s);
+    if (s->n >= s->t->nb) do_grow(s);
     size_t k = bucket_of(s, hv);
-    e->next = s->b[k];
-    s->b[k] = e;
+    e->next = s->t->slot[k];
+    set_link(&s->t->slot[k], e);
     lru_push(s, e);
     s->n++;
     s->bytes += need;

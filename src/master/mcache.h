@@ -1,5 +1,5 @@
 /* A bounded, striped cache of reads for the Redis store: (kind, key) -> an opaque value,
- * with LRU eviction per stripe and fill tickets that make a stale fill impossible. It knows
+ * with CLOCK eviction per stripe and fill tickets that make a stale fill impossible. It knows
  * nothing of Redis: mstore_redis_track.c keeps it coherent (invalidations, flushes). */
 #ifndef LMCACHE_MASTER_MCACHE_H
 #define LMCACHE_MASTER_MCACHE_H
@@ -36,6 +36,10 @@ uint64_t mcache_hash(uint8_t kind, const void *key, size_t klen);
  * 0: a miss, *ticket set for mcache_fill. -1: the cache is off (no ticket; do not fill). */
 int mcache_get(struct mcache *c, uint8_t kind, const void *key, size_t klen, uint64_t hv,
                struct mcache_buf *out, uint64_t *ticket);
+
+/* A hint before n lookups (hv[i] 0: skip): stage 0 prefetches their bucket slots, stage 1
+ * (after some other work) the entries the slots point to. Takes no lock. */
+void mcache_prefetch(struct mcache *c, const uint64_t *hv, size_t n, int stage);
 
 /* Inserts (or replaces) the value read after the miss that gave ticket, unless the key's
  * stripe saw an invalidation or a flush since: then the value may predate a write and is

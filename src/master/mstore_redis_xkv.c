@@ -252,10 +252,13 @@ static int match_cached(struct rstore *r, const struct mstore_key *keys, size_t 
     struct mcache_buf cb = {0}, pb = {0};
     struct batch b = {0};
     if (!off || !len || !tick || !khv || !cmd || !h) goto out;
+    for (size_t i = 0; i < n; i++) khv[i] = first[i] ? mcache_hash('x', keys[i].p, keys[i].n) : 0;
+    /* Two rounds of prefetches so that the lookups' cache misses overlap. */
+    mcache_prefetch(r->cache, khv, n, 0);
+    mcache_prefetch(r->cache, khv, n, 1);
     for (size_t i = 0; i < n; i++) {
         cmd[i] = UINT32_MAX;
         if (!first[i]) continue;
-        khv[i] = mcache_hash('x', keys[i].p, keys[i].n);
         size_t at = cb.n;
         int g = mcache_get(r->cache, 'x', keys[i].p, keys[i].n, khv[i], &cb, &tick[i]);
         if (g < 0) {

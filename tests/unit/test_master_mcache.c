@@ -1,5 +1,5 @@
 /* The Redis store's read cache (src/master/mcache.c): hits and misses, the fill tickets that
- * forbid a stale fill, flush and the off state, the byte budget and LRU eviction, and a
+ * forbid a stale fill, flush and the off state, the byte budget and CLOCK eviction, and a
  * threaded run where every fill races invalidations. */
 #include <pthread.h>
 #include <setjmp.h>
@@ -97,7 +97,7 @@ static void test_flush_and_disable_void_pending_fills(void **st) {
     mcache_free(c);
 }
 
-static void test_budget_evicts_least_recently_used(void **st) {
+static void test_budget_evicts_what_was_not_read(void **st) {
     (void)st;
     /* 256 stripes x 1 KiB: ~9 entries of 100 bytes per stripe. */
     struct mcache *c = mcache_new(256 * 1024);
@@ -199,7 +199,7 @@ int main(void) {
         cmocka_unit_test(test_off_until_enabled),
         cmocka_unit_test(test_invalidation_between_miss_and_fill_drops_the_fill),
         cmocka_unit_test(test_flush_and_disable_void_pending_fills),
-        cmocka_unit_test(test_budget_evicts_least_recently_used),
+        cmocka_unit_test(test_budget_evicts_what_was_not_read),
         cmocka_unit_test(test_threaded_fills_never_stale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
