@@ -84,6 +84,7 @@ def test_cache_serves_counts_and_prints_its_setting(redis):
         assert {e.hash: e.hit_count_total
                 for e in c.get_external_kv_hit_counts(["a"])} == {"a": 1}
     assert "cache_mb=256" in m.stdout + m.stderr
+    assert m.proc.returncode == 0
 
 
 def test_cache_off_is_the_direct_path(redis):
@@ -181,6 +182,7 @@ def test_listener_killed_flushes_and_answers_stay_correct(redis):
             wait_serving(m)
             assert triples(c, ["h"]) == {("ghost", "", tier, "h")}, rnd
         assert metric(m, "lmcache_master_redis_cache_flushes_total") >= 20
+    assert m.proc.returncode == 0  # listeners joined, nothing leaked (sanitizer builds)
 
 
 def test_redis_restart_flushes_then_tracks_again(redis):
@@ -208,6 +210,7 @@ def test_redis_restart_flushes_then_tracks_again(redis):
         c.report_external_kv_blocks("n1", ["a"], UMBPTierType.HBM)
         assert triples(c, ["a"]) == {("n1", "n1:8", HBM, "a")}
         assert triples(c, ["a"]) == {("n1", "n1:8", HBM, "a")}
+    assert m.proc.returncode == 0
 
 
 def test_tiny_cache_evicts_and_stays_correct(redis):
