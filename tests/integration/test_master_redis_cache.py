@@ -229,3 +229,29 @@ def test_tiny_cache_evicts_and_stays_correct(redis):
         assert metric(m, "lmcache_master_redis_cache_bytes") <= 1 << 20
         assert metric(m, "lmcache_master_redis_cache_entries") < 12000
         assert metric(m, "lmcache_master_redis_cache_hits_total") > 0
+
+
+def test_multi_mode_one_listener_lost_turns_the_whole_cache_off(redis, redis2):
+    env = dict(redis_env("mk", redis), UMBP_REDIS_SHARD_URIS=redis.uri + "," + redis2.uri)
+    with Master(env=env) as m:
+        wait_serving(m)
+        register(m.addr, "n1", "n1:9")
+        c = UMBPMasterClient(m.addr, node_id="n1")
+        hs = ["m%03d" % i for i in range(64)]
+        c.report_external_kv_blocks("n1", hs, UMBPTierType.DRAM)
+        want = {("n1", "n1:9", DRAM, h) for h in hs}
+        assert triples(c, hs) == want
+        assert triples(c, hs) == want
+        for rnd in range(10):
+            flushes = metric(m, "lmcache_master_redis_cache_flushes_total")
+            assert int(redis2.cli("CLIENT", "KILL", "TYPE", "pubsub")) == 1
+            # Written on the second shard's Redis while nothing listens there.
+            tier = HBM if rnd % 2 == 0 else DRAM
+            c.report_external_kv_blocks("n1", hs, tier)
+            c.revoke_external_kv_blocks("n1", hs, DRAM if tier == HBM else HBM)
+            want = {("n1", "n1:9", tier, h) for h in hs}
+            assert triples(c, hs) == want, rnd
+            wait_serving(m)
+            assert metric(m, "lmcache_master_redis_cache_flushes_total") > flushes
+            assert triples(c, hs) == want, rnd
+    assert m.proc.returncode == 0
