@@ -304,7 +304,8 @@ static int match_cached(struct rstore *r, const struct mstore_key *keys, size_t 
         off[i] = at;
         len[i] = cb.n - at;
         if (e && e->type == REDIS_REPLY_ARRAY)
-            mcache_fill(r->cache, 'x', keys[i].p, keys[i].n, khv[i], tick[i], cb.p + at, len[i]);
+            mcache_fill(r->cache, 'x', keys[i].p, keys[i].n, khv[i], tick[i],
+                        len[i] ? cb.p + at : NULL, len[i]);
     }
     if (pcmd != SIZE_MAX) {
         const redisReply *p = b.c[pcmd].rep;
