@@ -161,6 +161,7 @@ int master_main(int argc, char **argv) {
             .shards = (uint32_t)m.cfg.redis_block_shards,
             .required = (int)m.cfg.redis_required,
             .cluster = (int)m.cfg.redis_cluster,
+            .cache_mb = (uint32_t)m.cfg.redis_cache_mb,
             .metrics = m.metrics,
             .lg = m.lg,
         };

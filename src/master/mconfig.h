@@ -49,7 +49,9 @@
       "Key shards (hash tags) of the Redis store; fixed for a deployment")                         \
     X(redis_cluster, "UMBP_REDIS_CLUSTER", 0, 0, 1, "1 selects Redis Cluster mode")                \
     X(redis_required, "UMBP_REDIS_REQUIRED", 1, 0, 1,                                              \
-      "1: exit at start when Redis does not answer; 0: start degraded")
+      "1: exit at start when Redis does not answer; 0: start degraded")                            \
+    X(redis_cache_mb, "LMCACHE_MASTER_REDIS_CACHE_MB", 256, 0, 1048576,                            \
+      "Read cache of MatchExternalKv over the Redis store, MiB (0 = off)")
 
 /* X(field, env name, default, allowed values separated by '|', help) */
 #define MCFG_ENUMS(X)                                                                              \

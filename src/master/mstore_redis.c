@@ -610,6 +610,7 @@ out:
 
 static void rs_destroy(struct mstore *s) {
     struct rstore *r = RS(s);
+    rs_track_stop(r); /* the listeners use the endpoints */
     rs_conn_fini(r);
     for (uint32_t i = 0; i < r->nids; i++) free(r->ids[i]);
     free(r->ids);
@@ -622,6 +623,7 @@ static void rs_destroy(struct mstore *s) {
     free(r->password);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->imu);
+    pthread_mutex_destroy(&r->tmu);
     free(r);
 }
 
@@ -752,6 +754,7 @@ struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err
     r->lg = cfg->lg;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->imu, NULL);
+    pthread_mutex_init(&r->tmu, NULL);
     bool have_multi = cfg->shard_uris && *cfg->shard_uris;
     r->cluster = cfg->cluster;
     r->multi = !r->cluster && have_multi && strchr(cfg->shard_uris, ',');
@@ -790,6 +793,10 @@ struct mstore *mstore_redis_create(const struct mstore_redis_cfg *cfg, char *err
                         : cfg->shards ? cfg->shards
                                       : 1)) {
         errbuf_set(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (rs_track_start(r, cfg->cache_mb, cfg->metrics)) {
+        errbuf_set(err, errlen, "out of memory (read cache)");
         goto fail;
     }
     return &r->base;

@@ -21,6 +21,7 @@ struct mstore_redis_cfg {
     uint32_t shards;         /* key shards (hash tags), 1..4096; cluster: 1 = one per master */
     int required;            /* PING at start; fail when it does not answer */
     int cluster;             /* Redis Cluster: uri is a comma-separated seed list */
+    uint32_t cache_mb;       /* read cache of MatchExternalKv (0: off; docs/master.md) */
     struct metrics *metrics; /* NULL: no store metrics */
     struct logger *lg;
 };

@@ -220,7 +220,7 @@ static void ep_free(struct endpoint *ep) {
     free(ep);
 }
 
-static redisContext *dial(struct rstore *r, const char *host, int port, char *why, size_t wlen) {
+redisContext *rs_dial(struct rstore *r, const char *host, int port, char *why, size_t wlen) {
     struct timeval ct = {r->connect_ms / 1000, (r->connect_ms % 1000) * 1000};
     redisContext *c = redisConnectWithTimeout(host, port, ct);
     if (!c || c->err) {
@@ -346,7 +346,7 @@ uint32_t rs_cluster_masters(struct rstore *r, uint32_t *out, uint32_t max) {
 
 /* Reads CLUSTER SLOTS from host:port and replaces the slot map. 0, or -1 with why. */
 static int refresh_from(struct rstore *r, const char *host, int port, char *why, size_t wlen) {
-    redisContext *c = dial(r, host, port, why, wlen);
+    redisContext *c = rs_dial(r, host, port, why, wlen);
     if (!c) return -1;
     redisReply *rep = redisCommand(c, "CLUSTER SLOTS");
     int rc = -1;
@@ -635,7 +635,7 @@ int rs_run(struct rstore *r, struct batch *b, const char *degrade) {
             struct endpoint *ep = r->ep[l->ep];
             l->s = pool_get(r, ep);
             if (!l->s->c) {
-                l->s->c = dial(r, ep->host, ep->port, why, sizeof(why));
+                l->s->c = rs_dial(r, ep->host, ep->port, why, sizeof(why));
                 l->fresh = true;
             }
             l->bad = !l->s->c || !send_link(r, l, b, cs, why, sizeof(why));
@@ -841,7 +841,7 @@ void rs_metrics_init(struct rstore *r, struct metrics *m) {
 
 /* PINGs an endpoint and loads every script there; the connection goes into its pool. */
 static int probe(struct rstore *r, struct endpoint *ep, char *why, size_t wlen) {
-    redisContext *c = dial(r, ep->host, ep->port, why, wlen);
+    redisContext *c = rs_dial(r, ep->host, ep->port, why, wlen);
     if (c) {
         redisReply *rep = redisCommand(c, "PING");
         if (!rep || rep->type == REDIS_REPLY_ERROR) {

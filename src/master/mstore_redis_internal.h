@@ -128,6 +128,16 @@ struct rstore {
 
     struct metric *m_transport, *m_noscript, *m_pool_exhausted, *m_pool_wait;
     struct metric *m_moved, *m_ask, *m_refresh;
+
+    /* The read cache (mstore_redis_track.c; NULL: off or cluster mode): one listener per
+     * endpoint (trk[e] for ep[e]); the cache serves only while all ntrk are up (nup, under
+     * tmu). */
+    struct mcache *cache;
+    struct rtrack **trk;
+    uint32_t ntrk;
+    pthread_mutex_t tmu;
+    uint32_t nup;
+    struct metric *m_c_hit, *m_c_miss, *m_c_inval, *m_c_flush, *m_c_up, *m_c_bypass;
     struct metric *m_lat[32]; /* per store operation (mstore_redis.c) */
     struct metric_family *f_degraded;
     _Atomic uint64_t last_warn_ns;
@@ -158,6 +168,19 @@ uint16_t rs_tag_slot(const char *key);
 uint32_t rs_slot_owner(struct rstore *r, uint16_t slot);
 uint32_t rs_cluster_masters(struct rstore *r, uint32_t *out, uint32_t max);
 void rs_conn_fini(struct rstore *r);
+
+/* A connection to host:port with the store's timeouts and AUTH; NULL with why. */
+redisContext *rs_dial(struct rstore *r, const char *host, int port, char *why, size_t wlen);
+
+/* mstore_redis_track.c: the read cache's listeners. rs_track_start starts one thread per
+ * endpoint (single and multi mode; cache_mb 0 or cluster: no cache) and registers the
+ * cache's metrics; 0 or -1 on no memory. rs_track_stop joins them and frees the cache.
+ * rs_track_fence: 0 when every invalidation of a write acknowledged before the call has
+ * been applied to the cache (one PING answered on every listener, grouped with concurrent
+ * callers), -1 when coherence cannot be proven now (the caller reads Redis directly). */
+int rs_track_start(struct rstore *r, size_t cache_mb, struct metrics *m);
+void rs_track_stop(struct rstore *r);
+int rs_track_fence(struct rstore *r);
 
 /* mstore_redis.c: a node id interned for the store's lifetime (stable pointer, its index in
  * idx; NULL on no memory); a node's blocks and/or external-KV entries dropped shard by

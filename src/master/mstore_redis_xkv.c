@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "master/mcache.h"
 #include "master/mstore_match.h"
 #include "master/mstore_redis_batch.h"
 #include "master/mstore_redis_internal.h"
@@ -198,6 +199,167 @@ static bool push_hit(struct mstore_hitrec **h, size_t *nh, size_t *hcap, struct 
     return true;
 }
 
+/* The (node, tiers) codes of an HGETALL reply of an extkv hash, appended to out as
+ * node << 4 | tiers (uint32). False on no memory or a node index too large to code. */
+static bool codes_of(struct rstore *r, const redisReply *e, struct mcache_buf *out) {
+    for (size_t j = 0; e && e->type == REDIS_REPLY_ARRAY && j + 1 < e->elements; j += 2) {
+        const redisReply *nm = e->element[j], *tv = e->element[j + 1];
+        uint8_t tiers =
+            (uint8_t)((tv->type == REDIS_REPLY_STRING && tv->len == 1 ? (uint8_t)(tv->str[0] - '0')
+                                                                      : rep_int(tv)) &
+                      0xf);
+        if (!tiers || nm->type != REDIS_REPLY_STRING) continue;
+        uint32_t node;
+        if (!rs_intern(r, nm->str, nm->len, &node) || node >= (1u << 28)) return false;
+        uint32_t code = node << 4 | tiers;
+        if (!mcache_buf_put(out, &code, sizeof(code))) return false;
+    }
+    return true;
+}
+
+/* The peer map as cached: per ALIVE node {uint32 node, uint32 len, len bytes}. */
+static bool peers_of(struct rstore *r, const redisReply *p, struct mcache_buf *out) {
+    for (size_t k = 0; p && p->type == REDIS_REPLY_ARRAY && k + 1 < p->elements; k += 2) {
+        const redisReply *pk = p->element[k], *pv = p->element[k + 1];
+        if (pk->type != REDIS_REPLY_STRING || pv->type != REDIS_REPLY_STRING) continue;
+        uint32_t node, len = (uint32_t)pv->len;
+        if (!rs_intern(r, pk->str, pk->len, &node) || pv->len > UINT32_MAX ||
+            !mcache_buf_put(out, &node, 4) || !mcache_buf_put(out, &len, 4) ||
+            !mcache_buf_put(out, pv->str, pv->len))
+            return false;
+    }
+    return true;
+}
+
+/* A plain match through the read cache (mstore_redis_track.c). The fence first (every write
+ * acknowledged before this call is then invalidated), then each hash from the cache; the
+ * misses, and the peer map when it is not cached, are read in one pipeline as in the
+ * uncached path and filled back with the tickets of their misses. 1: answered (mt filled,
+ * or empty with the failure recorded); 0: the cache cannot serve now, read Redis directly;
+ * -1: no memory. */
+static int match_cached(struct rstore *r, const struct mstore_key *keys, size_t n,
+                        const bool *first, struct mstore_match *mt) {
+    if (rs_track_fence(r)) {
+        if (r->m_c_bypass) metric_inc(r->m_c_bypass, 1);
+        return 0;
+    }
+    int rc = -1;
+    size_t *off = malloc(n * sizeof(size_t)), *len = malloc(n * sizeof(size_t));
+    uint64_t *tick = malloc(n * sizeof(uint64_t)), *khv = malloc(n * sizeof(uint64_t));
+    uint32_t *cmd = malloc(n * sizeof(uint32_t));
+    size_t hcap = 64, nh = 0, nhit = 0, nmiss = 0;
+    struct mstore_hitrec *h = malloc(hcap * sizeof(*h));
+    struct mcache_buf cb = {0}, pb = {0};
+    struct batch b = {0};
+    if (!off || !len || !tick || !khv || !cmd || !h) goto out;
+    for (size_t i = 0; i < n; i++) khv[i] = first[i] ? mcache_hash('x', keys[i].p, keys[i].n) : 0;
+    /* Two rounds of prefetches so that the lookups' cache misses overlap. */
+    mcache_prefetch(r->cache, khv, n, 0);
+    mcache_prefetch(r->cache, khv, n, 1);
+    for (size_t i = 0; i < n; i++) {
+        cmd[i] = UINT32_MAX;
+        if (!first[i]) continue;
+        size_t at = cb.n;
+        int g = mcache_get(r->cache, 'x', keys[i].p, keys[i].n, khv[i], &cb, &tick[i]);
+        if (g < 0) {
+            rc = 0; /* turned off meanwhile (or no memory): the direct path */
+            goto out;
+        }
+        off[i] = at;
+        len[i] = cb.n - at;
+        if (g == 1) {
+            nhit++;
+            continue;
+        }
+        nmiss++;
+        uint32_t sh = shard_of(r, keys[i].p, keys[i].n);
+        cmd[i] = (uint32_t)b.nc;
+        b_cmd(&b, sh, "HGETALL", -1, 0);
+        b_shard_key(&b, r, sh, ":extkv:", keys[i].p, keys[i].n, NULL);
+    }
+    uint64_t phv = mcache_hash('p', "", 0), ptick = 0;
+    int pg = mcache_get(r->cache, 'p', "", 0, phv, &pb, &ptick);
+    if (pg < 0) {
+        rc = 0;
+        goto out;
+    }
+    size_t pcmd = SIZE_MAX;
+    if (pg == 0) {
+        pcmd = b.nc;
+        b_cmd(&b, ROUTE_CTL, "HGETALL", -1, 0);
+        b_str(&b, r->k_peers);
+    }
+    if (r->m_c_hit) metric_inc(r->m_c_hit, (double)nhit);
+    if (r->m_c_miss) metric_inc(r->m_c_miss, (double)nmiss);
+    if (b.nc && rs_run(r, &b, r->split ? "MatchExternalKv" : NULL)) {
+        rc = 1; /* recorded: the RPC answers UNAVAILABLE */
+        goto out;
+    }
+    /* The misses: codes appended after the hits' (off/len re-pointed), filled back. */
+    for (size_t i = 0; i < n; i++) {
+        if (!first[i] || cmd[i] == UINT32_MAX) continue;
+        const redisReply *e = b.c[cmd[i]].rep; /* NULL: a failed shard (split modes) */
+        size_t at = cb.n;
+        if (!codes_of(r, e, &cb)) goto out;
+        off[i] = at;
+        len[i] = cb.n - at;
+        if (e && e->type == REDIS_REPLY_ARRAY)
+            mcache_fill(r->cache, 'x', keys[i].p, keys[i].n, khv[i], tick[i],
+                        len[i] ? cb.p + at : NULL, len[i]);
+    }
+    if (pcmd != SIZE_MAX) {
+        const redisReply *p = b.c[pcmd].rep;
+        if (!peers_of(r, p, &pb)) goto out;
+        if (p && p->type == REDIS_REPLY_ARRAY)
+            mcache_fill(r->cache, 'p', "", 0, phv, ptick, pb.p, pb.n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!first[i]) continue;
+        for (size_t k = 0; k + 4 <= len[i]; k += 4) {
+            uint32_t code;
+            memcpy(&code, cb.p + off[i] + k, 4);
+            if (!push_hit(&h, &nh, &hcap,
+                          (struct mstore_hitrec){(uint32_t)i, code >> 4, (uint8_t)(code & 15)}))
+                goto out;
+        }
+    }
+    if (mstore_match_group(h, nh, mt)) goto out;
+    rc = 1;
+    for (uint32_t i = 0; i < mt->nnodes; i++) {
+        struct mstore_match_node *mn = &mt->nodes[i];
+        pthread_mutex_lock(&r->imu);
+        mn->node_id = r->ids[mn->node]->id;
+        pthread_mutex_unlock(&r->imu);
+        const char *ps = "";
+        uint32_t pl = 0;
+        for (size_t k = 0; k + 8 <= pb.n;) {
+            uint32_t node, l;
+            memcpy(&node, pb.p + k, 4);
+            memcpy(&l, pb.p + k + 4, 4);
+            if (node == mn->node) {
+                ps = (const char *)pb.p + k + 8;
+                pl = l;
+                break;
+            }
+            k += 8 + (size_t)l;
+        }
+        mn->peer_address = strndup(ps, pl);
+        if (!mn->peer_address) rc = -1;
+        mstore_match_compact(mn);
+    }
+out:
+    b_free(&b);
+    free(cb.p);
+    free(pb.p);
+    free(h);
+    free(off);
+    free(len);
+    free(tick);
+    free(khv);
+    free(cmd);
+    return rc;
+}
+
 /* One round trip per endpoint: without count_as_hit a pipeline of plain HGETALLs, each to
  * its shard's endpoint (Redis runs them several times faster than the same reads inside a
  * script), plus the ALIVE peer map from the control endpoint; with count_as_hit one match
@@ -230,6 +392,14 @@ int rs_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n, bool
             cnt[sh[i]]++;
         }
     bool plain = !count_as_hit;
+    if (plain && r->cache) {
+        int c = match_cached(r, keys, n, first, mt);
+        if (c) {
+            rc = c > 0 ? 0 : -1;
+            goto out;
+        }
+        memset(mt, 0, sizeof(*mt));
+    }
     size_t kbytes = 0;
     for (size_t i = 0; i < n; i++) kbytes += keys[i].n + 48;
     b_reserve(&b, n + r->nshards + 2, 2 * n + 8 * r->nshards + 8, 2 * kbytes + 512);

@@ -1,0 +1,257 @@
+"""The Redis store's read cache of MatchExternalKv (CLIENT TRACKING, BCAST): replicas that
+see each other's writes at once (the fence), writes made behind the masters' backs with
+redis-cli, the listener killed, Redis restarted, a cache far smaller than the data, and the
+metrics and settings line that show it."""
+
+import random
+import re
+import time
+
+import grpc
+import pytest
+
+from master_util import Master, RedisServer, needs_redis, redis_env, use_python_package
+
+use_python_package()
+from umbp import UMBPMasterClient, UMBPTierType, pb, pb_grpc  # noqa: E402
+
+pytestmark = needs_redis
+
+GB = 1 << 30
+DRAM, HBM = int(UMBPTierType.DRAM), int(UMBPTierType.HBM)
+
+
+@pytest.fixture
+def redis():
+    r = RedisServer()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def redis2():
+    r = RedisServer()
+    yield r
+    r.close()
+
+
+def metric(m, name):
+    found = re.search(r'^%s(?:\{backend="redis"\})? ([0-9.e+]+)$' % name, m.metrics(), re.M)
+    return float(found.group(1)) if found else None
+
+
+def wait_serving(m, want=1.0, timeout=20):
+    deadline = time.monotonic() + timeout
+    while metric(m, "lmcache_master_redis_cache_serving") != want:
+        assert time.monotonic() < deadline, "cache serving never became %s" % want
+        time.sleep(0.02)
+
+
+def triples(client, hashes):
+    """(node, peer, tier, hash) of a plain match."""
+    out = set()
+    for x in client.match_external_kv(hashes):
+        for t, hs in x.hashes_by_tier.items():
+            out |= {(x.node_id, x.peer_address, int(t), h) for h in hs}
+    return out
+
+
+def expected(model, peers, hashes):
+    return {(n, peers.get(n, ""), t, h) for h in set(hashes) for (n, t) in model.get(h, ())}
+
+
+def register(addr, node, peer):
+    s = pb_grpc.UMBPMasterStub(grpc.insecure_channel(addr))
+    s.RegisterClient(pb.RegisterClientRequest(node_id=node, node_address=node + ":1",
+                                              peer_address=peer))
+
+
+def test_cache_serves_counts_and_prints_its_setting(redis):
+    with Master(env=redis_env("c1", redis)) as m:
+        wait_serving(m)
+        register(m.addr, "n1", "n1:9")
+        c = UMBPMasterClient(m.addr, node_id="n1")
+        c.report_external_kv_blocks("n1", ["a", "b"], UMBPTierType.DRAM)
+        want = {("n1", "n1:9", DRAM, "a"), ("n1", "n1:9", DRAM, "b")}
+        assert triples(c, ["a", "b", "zz"]) == want
+        assert triples(c, ["a", "b", "zz"]) == want  # from the cache
+        assert metric(m, "lmcache_master_redis_cache_hits_total") >= 3
+        assert metric(m, "lmcache_master_redis_cache_misses_total") >= 3
+        assert metric(m, "lmcache_master_redis_cache_entries") >= 4  # a, b, zz, the peers
+        assert metric(m, "lmcache_master_redis_cache_bytes") > 0
+        # count_as_hit keeps its script (hit counts written through Redis).
+        assert len(c.match_external_kv(["a"], count_as_hit=True)) == 1
+        assert {e.hash: e.hit_count_total
+                for e in c.get_external_kv_hit_counts(["a"])} == {"a": 1}
+    assert "cache_mb=256" in m.stdout + m.stderr
+    assert m.proc.returncode == 0
+
+
+def test_cache_off_is_the_direct_path(redis):
+    with Master(env=dict(redis_env("c0", redis), LMCACHE_MASTER_REDIS_CACHE_MB="0")) as m:
+        register(m.addr, "n1", "n1:9")
+        c = UMBPMasterClient(m.addr, node_id="n1")
+        c.report_external_kv_blocks("n1", ["a"], UMBPTierType.DRAM)
+        assert triples(c, ["a"]) == {("n1", "n1:9", DRAM, "a")}
+        assert metric(m, "lmcache_master_redis_cache_serving") is None
+    assert "cache_mb=0" in m.stdout + m.stderr
+
+
+@pytest.mark.parametrize("mode", ["single", "multi"])
+def test_replica_writes_are_seen_by_the_next_match_on_another(mode, redis, redis2):
+    env = redis_env("lin-" + mode, redis)
+    if mode == "multi":
+        env["UMBP_REDIS_SHARD_URIS"] = redis.uri + "," + redis2.uri
+    rng = random.Random(7)
+    with Master(env=env) as a, Master(env=env) as b:
+        wait_serving(a)
+        wait_serving(b)
+        peers = {"n1": "n1:9", "n2": "n2:9"}
+        for n, p in peers.items():
+            register(a.addr, n, p)
+        ca, cb = UMBPMasterClient(a.addr), UMBPMasterClient(b.addr)
+        pool = ["h%02d" % i for i in range(40)]
+        model = {}
+        for rnd in range(300):
+            writer = ca if rnd % 3 else cb
+            node = rng.choice(["n1", "n2"])
+            tier = rng.choice([UMBPTierType.DRAM, UMBPTierType.HBM])
+            hs = rng.sample(pool, rng.randint(1, 8))
+            if rng.random() < 0.5:
+                writer.report_external_kv_blocks(node, hs, tier)
+                for h in hs:
+                    model.setdefault(h, set()).add((node, int(tier)))
+            else:
+                writer.revoke_external_kv_blocks(node, hs, tier)
+                for h in hs:
+                    model.get(h, set()).discard((node, int(tier)))
+            if rnd % 50 == 49:  # a node wiped, back with another peer address
+                pb_grpc.UMBPMasterStub(grpc.insecure_channel(b.addr)).UnregisterClient(
+                    pb.UnregisterClientRequest(node_id="n2"))
+                for h in model:
+                    model[h] = {x for x in model[h] if x[0] != "n2"}
+                peers["n2"] = "n2:%d" % rnd
+                register(a.addr, "n2", peers["n2"])
+            q = rng.sample(pool, 24)
+            reader = cb if writer is ca else ca
+            assert triples(reader, q) == expected(model, peers, q), "round %d" % rnd
+        assert metric(b, "lmcache_master_redis_cache_hits_total") > 0
+        assert metric(b, "lmcache_master_redis_cache_invalidations_total") > 0
+
+
+def test_writes_by_redis_cli_are_seen_by_the_next_match(redis):
+    with Master(env=redis_env("cli", redis)) as m:
+        wait_serving(m)
+        c = UMBPMasterClient(m.addr)
+        key = "{umbp:cli}:extkv:h"
+        assert triples(c, ["h"]) == set()
+        assert triples(c, ["h"]) == set()  # a cached miss
+        for rnd in range(50):
+            redis.cli("HSET", key, "ghost", str(1 << DRAM))
+            assert triples(c, ["h"]) == {("ghost", "", DRAM, "h")}, rnd
+            redis.cli("HSET", key, "ghost", str(1 << HBM))
+            assert triples(c, ["h"]) == {("ghost", "", HBM, "h")}, rnd
+            redis.cli("DEL", key)
+            assert triples(c, ["h"]) == set(), rnd
+        redis.cli("HSET", "{umbp:cli}:alive_peers", "ghost", "g:1")
+        redis.cli("HSET", key, "ghost", str(1 << DRAM))
+        assert triples(c, ["h"]) == {("ghost", "g:1", DRAM, "h")}
+        redis.cli("HSET", "{umbp:cli}:alive_peers", "ghost", "g:2")
+        assert triples(c, ["h"]) == {("ghost", "g:2", DRAM, "h")}
+        # FLUSHALL: a nil invalidation, the whole cache goes.
+        flushes = metric(m, "lmcache_master_redis_cache_flushes_total")
+        redis.cli("FLUSHALL")
+        assert triples(c, ["h"]) == set()
+        assert metric(m, "lmcache_master_redis_cache_flushes_total") > flushes
+
+
+def test_listener_killed_flushes_and_answers_stay_correct(redis):
+    with Master(env=redis_env("kill", redis)) as m:
+        wait_serving(m)
+        c = UMBPMasterClient(m.addr)
+        key = "{umbp:kill}:extkv:h"
+        redis.cli("HSET", key, "ghost", str(1 << DRAM))
+        assert triples(c, ["h"]) == {("ghost", "", DRAM, "h")}
+        assert triples(c, ["h"]) == {("ghost", "", DRAM, "h")}
+        for rnd in range(20):
+            tier = DRAM if rnd % 2 else HBM
+            assert int(redis.cli("CLIENT", "KILL", "TYPE", "pubsub")) >= 1
+            # Written while the master has no listener: no invalidation will ever come.
+            redis.cli("HSET", key, "ghost", str(1 << tier))
+            assert triples(c, ["h"]) == {("ghost", "", tier, "h")}, rnd
+            wait_serving(m)
+            assert triples(c, ["h"]) == {("ghost", "", tier, "h")}, rnd
+        assert metric(m, "lmcache_master_redis_cache_flushes_total") >= 20
+    assert m.proc.returncode == 0  # listeners joined, nothing leaked (sanitizer builds)
+
+
+def test_redis_restart_flushes_then_tracks_again(redis):
+    with Master(env=redis_env("rst", redis)) as m:
+        wait_serving(m)
+        register(m.addr, "n1", "n1:9")
+        c = UMBPMasterClient(m.addr, node_id="n1")
+        c.report_external_kv_blocks("n1", ["a"], UMBPTierType.DRAM)
+        assert triples(c, ["a"]) == {("n1", "n1:9", DRAM, "a")}
+        assert triples(c, ["a"]) == {("n1", "n1:9", DRAM, "a")}
+        redis.stop()
+        redis.start()  # empty: no persistence in these tests
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert triples(c, ["a"]) == set()  # never the cached answer
+                break
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.UNAVAILABLE
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        wait_serving(m)
+        assert metric(m, "lmcache_master_redis_cache_flushes_total") >= 1
+        register(m.addr, "n1", "n1:8")
+        c.report_external_kv_blocks("n1", ["a"], UMBPTierType.HBM)
+        assert triples(c, ["a"]) == {("n1", "n1:8", HBM, "a")}
+        assert triples(c, ["a"]) == {("n1", "n1:8", HBM, "a")}
+    assert m.proc.returncode == 0
+
+
+def test_tiny_cache_evicts_and_stays_correct(redis):
+    with Master(env=dict(redis_env("tiny", redis), LMCACHE_MASTER_REDIS_CACHE_MB="1")) as m:
+        wait_serving(m)
+        register(m.addr, "n1", "n1:9")
+        c = UMBPMasterClient(m.addr, node_id="n1")
+        hs = ["%064x" % i for i in range(12000)]
+        for i in range(0, len(hs), 2000):
+            c.report_external_kv_blocks("n1", hs[i:i + 2000:2], UMBPTierType.DRAM)
+        rng = random.Random(3)
+        for rnd in range(60):
+            q = rng.sample(hs, 256)
+            want = {("n1", "n1:9", DRAM, h) for h in q if int(h, 16) % 2 == 0}
+            assert triples(c, q) == want, rnd
+        assert metric(m, "lmcache_master_redis_cache_bytes") <= 1 << 20
+        assert metric(m, "lmcache_master_redis_cache_entries") < 12000
+        assert metric(m, "lmcache_master_redis_cache_hits_total") > 0
+
+
+def test_multi_mode_one_listener_lost_turns_the_whole_cache_off(redis, redis2):
+    env = dict(redis_env("mk", redis), UMBP_REDIS_SHARD_URIS=redis.uri + "," + redis2.uri)
+    with Master(env=env) as m:
+        wait_serving(m)
+        register(m.addr, "n1", "n1:9")
+        c = UMBPMasterClient(m.addr, node_id="n1")
+        hs = ["m%03d" % i for i in range(64)]
+        c.report_external_kv_blocks("n1", hs, UMBPTierType.DRAM)
+        want = {("n1", "n1:9", DRAM, h) for h in hs}
+        assert triples(c, hs) == want
+        assert triples(c, hs) == want
+        for rnd in range(10):
+            flushes = metric(m, "lmcache_master_redis_cache_flushes_total")
+            assert int(redis2.cli("CLIENT", "KILL", "TYPE", "pubsub")) == 1
+            # Written on the second shard's Redis while nothing listens there.
+            tier = HBM if rnd % 2 == 0 else DRAM
+            c.report_external_kv_blocks("n1", hs, tier)
+            c.revoke_external_kv_blocks("n1", hs, DRAM if tier == HBM else HBM)
+            want = {("n1", "n1:9", tier, h) for h in hs}
+            assert triples(c, hs) == want, rnd
+            wait_serving(m)
+            assert metric(m, "lmcache_master_redis_cache_flushes_total") > flushes
+            assert triples(c, hs) == want, rnd
+    assert m.proc.returncode == 0
