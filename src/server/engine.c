@@ -971,6 +971,15 @@ void engine_read_done(struct engine *e, const struct engine_ref *ref, uint64_t n
     l1_finish_read(e->l1, &ref->key, 1, now_ns);
 }
 
+struct engine_pin *engine_pin(struct engine *e, const struct engine_ref *ref, uint64_t now_ns) {
+    struct l1_pin *pin;
+    return l1_pin(e->l1, &ref->key, now_ns, &pin) == L1_OK ? (struct engine_pin *)pin : NULL;
+}
+
+void engine_unpin(struct engine_pin *pin, uint64_t now_ns) {
+    l1_unpin((struct l1_pin *)pin, now_ns);
+}
+
 /* ---- lookup sessions ---- */
 
 /* An L2 prefetch issued by a lookup: the keys of the missing chunks and where the result goes. */

@@ -248,6 +248,14 @@ int engine_read(struct engine *e, const struct engine_prompt *p, uint32_t c, con
 /* Releases what engine_read holds. */
 void engine_read_done(struct engine *e, const struct engine_ref *ref, uint64_t now_ns);
 
+/* A reply pin on a chunk held by engine_read, for a reply sent straight from its memory: it
+ * outlives the read (never expires) and keeps ref->data valid until engine_unpin, which any
+ * thread holding no engine lock may call (libzmq's I/O thread). NULL when the pinned reply
+ * bytes are at their cap (--l1-pinned-reply-ratio) or the chunk cannot be pinned: send a copy. */
+struct engine_pin;
+struct engine_pin *engine_pin(struct engine *e, const struct engine_ref *ref, uint64_t now_ns);
+void engine_unpin(struct engine_pin *pin, uint64_t now_ns);
+
 /* lookup: locks, chunk-major (every rank of chunk c before chunk c+1), the leading chunks of p
  * cached for every rank, `readers` read locks each, and opens the session (owner, rid) that
  * holds them (replacing one of the same name). The chunks after the first miss are prefetched

@@ -651,7 +651,7 @@ uint64_t dp_max_reply_bytes(const struct server_config *cfg) {
 /* Frame release callbacks (run by libzmq's I/O thread, or the sender when a send fails). */
 static void release_pin(void *data, void *hint) {
     (void)data;
-    l1_unpin(hint, clock_mono_ns());
+    engine_unpin(hint, clock_mono_ns());
 }
 
 static void release_copy(void *data, void *hint) {
@@ -669,8 +669,8 @@ static int chunk_frames(struct op_ctx *o, const struct engine_ref *refs, uint32_
     struct dp_frame *fr = calloc(n, sizeof(*fr));
     if (!fr) goto oom;
     for (uint32_t i = 0; i < n; i++) {
-        struct l1_pin *pin;
-        if (l1_pin(o->e->l1, &refs[i].key, o->now, &pin) == L1_OK) {
+        struct engine_pin *pin = engine_pin(o->e, &refs[i], o->now);
+        if (pin) {
             fr[i] = (struct dp_frame){(void *)refs[i].data, refs[i].size, release_pin, pin};
             continue;
         }
