@@ -3,6 +3,13 @@
  * chosen by the identity (so one client's requests run in order), and sends the replies the
  * workers queue, woken by an eventfd.
  *
+ * Small requests (dataplane_handle_small: lookups of a few objects, query_prefetch_status,
+ * end_session, ping...) run on the loop thread itself when the client's worker holds no request
+ * at all: the two thread hand-offs to and from the worker cost more than the operation. The
+ * worker being idle means every earlier request of the client has run and its reply is in the
+ * reply queue; the loop sends that queue before the small request's reply, so a client's
+ * replies keep the order of its requests.
+ *
  * Backpressure: each worker is charged the bytes of the requests it holds (queued or running)
  * and of its replies not yet handed to libzmq. While any worker is at or over
  * --worker-queue-mb the loop stops reading the socket (it still sends replies); libzmq then
@@ -38,6 +45,9 @@
 #include "server/engine.h"
 
 #define MAX_RID 64
+/* Most objects (chunks x world_size) a lookup run by the loop thread may touch, and most a
+ * session may span for the loop thread to release it (end_session, free_lookup_locks). */
+#define DP_SMALL_MAX_OBJECTS 128u
 
 struct worker;
 
@@ -67,6 +77,10 @@ struct worker {
     struct dp_req *head, *tail;
     int stop;
     _Atomic size_t charged; /* bytes of held requests and unsent replies (backpressure) */
+    /* Requests dispatched to it and not yet answered (queued or running). Raised by the loop,
+     * lowered by the worker after the reply is in the reply queue: 0 seen by the loop means
+     * every reply of the worker's clients is queued or sent. */
+    _Atomic uint32_t held;
 };
 
 struct dataplane {
@@ -88,6 +102,7 @@ struct dataplane {
 };
 
 static void malloc_keep_for(size_t n);
+static int run_small(struct dataplane *dp, struct dp_req *req);
 
 /* Replaces a frame by an empty one (for an unusable request id). */
 static void msg_clear(zmq_msg_t *m) {
@@ -240,13 +255,18 @@ static void *worker_main(void *arg) {
             continue;
         }
         run(w->dp, req);
+        atomic_fetch_sub_explicit(&w->held, 1, memory_order_release);
     }
     return NULL;
 }
 
+static struct worker *worker_of(struct dataplane *dp, struct dp_req *req) {
+    return &dp->workers[fnv1a32(zmq_msg_data(&req->id), zmq_msg_size(&req->id)) % dp->nworkers];
+}
+
 static void dispatch(struct dataplane *dp, struct dp_req *req) {
-    struct worker *w =
-        &dp->workers[fnv1a32(zmq_msg_data(&req->id), zmq_msg_size(&req->id)) % dp->nworkers];
+    struct worker *w = worker_of(dp, req);
+    atomic_fetch_add_explicit(&w->held, 1, memory_order_relaxed);
     req->next = NULL;
     req->w = w;
     req->cost =
@@ -342,7 +362,27 @@ static void receive_one(struct dataplane *dp, void *sock) {
         return;
     }
     malloc_keep_for(zmq_msg_size(&req->payload));
+    if (run_small(dp, req)) return;
     dispatch(dp, req);
+}
+
+/* Sends [id][rid][op][body] and closes the frames; body (malloc'd) is handed to libzmq. */
+static void send_reply(void *sock, zmq_msg_t *id, zmq_msg_t *rid, zmq_msg_t *op, char *data,
+                       size_t len) {
+    zmq_msg_t body;
+    int have = zmq_msg_init_data(&body, data, len, free_body, NULL) == 0;
+    if (!have) {
+        free(data); /* out of memory: the client times out */
+        zmq_msg_init(&body);
+    }
+    /* A vanished peer makes the send fail; the reply is then dropped. */
+    if (have && zmq_msg_send(id, sock, ZMQ_SNDMORE) >= 0 &&
+        zmq_msg_send(rid, sock, ZMQ_SNDMORE) >= 0 && zmq_msg_send(op, sock, ZMQ_SNDMORE) >= 0)
+        zmq_msg_send(&body, sock, 0);
+    zmq_msg_close(&body);
+    zmq_msg_close(id);
+    zmq_msg_close(rid);
+    zmq_msg_close(op);
 }
 
 static void send_replies(struct dataplane *dp) {
@@ -355,25 +395,39 @@ static void send_replies(struct dataplane *dp) {
     pthread_mutex_unlock(&dp->out_lock);
     while (o) {
         struct dp_out *next = o->next;
-        zmq_msg_t body;
-        int have = zmq_msg_init_data(&body, o->body, o->len, free_body, NULL) == 0;
-        if (!have) {
-            free(o->body); /* out of memory: the client times out */
-            zmq_msg_init(&body);
-        }
-        /* A vanished peer makes the send fail; the reply is then dropped. */
-        if (have && zmq_msg_send(&o->id, o->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->rid, o->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->op, o->sock, ZMQ_SNDMORE) >= 0)
-            zmq_msg_send(&body, o->sock, 0);
-        zmq_msg_close(&body);
-        zmq_msg_close(&o->id);
-        zmq_msg_close(&o->rid);
-        zmq_msg_close(&o->op);
+        send_reply(o->sock, &o->id, &o->rid, &o->op, o->body, o->len);
         if (o->w) atomic_fetch_sub(&o->w->charged, o->cost);
         free(o);
         o = next;
     }
+}
+
+/* Runs a small request on the loop thread when the client's worker holds nothing (see the top
+ * of the file). 1 when it was answered, 0 when it must go to the worker. */
+static int run_small(struct dataplane *dp, struct dp_req *req) {
+    struct worker *w = worker_of(dp, req);
+    if (zmq_msg_size(&req->payload) > DP_SMALL_MAX_BYTES ||
+        atomic_load_explicit(&w->held, memory_order_acquire) != 0)
+        return 0;
+    struct dp_reply r;
+    struct dp_peer peer;
+    dp_reply_init(&r);
+    peer_of(dp, req, &peer);
+    if (!dataplane_handle_small(dp->e, &peer, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
+                                zmq_msg_data(&req->payload), zmq_msg_size(&req->payload),
+                                DP_SMALL_MAX_OBJECTS, &r)) {
+        dp_reply_free(&r);
+        return 0;
+    }
+    size_t len = r.buf.size;
+    char *body = msgpack_sbuffer_release(&r.buf);
+    dp_reply_free(&r);
+    if (dp->e->dpm.loop_requests) metric_inc(dp->e->dpm.loop_requests, 1);
+    send_replies(dp); /* the client's earlier replies first */
+    zmq_msg_close(&req->payload);
+    send_reply(req->sock, &req->id, &req->rid, &req->op, body, len);
+    free(req);
+    return 1;
 }
 
 static void *loop_main(void *arg) {
