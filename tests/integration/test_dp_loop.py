@@ -175,3 +175,21 @@ def test_a_session_too_big_for_the_loop_is_released_by_the_worker(srv):
     # every lock of the replaced session was released: clear frees every object
     assert w.ok("clear")["cleared"] == 1000
     w.ok("end_session", request_id="r")
+
+
+def test_a_rejected_request_is_answered_after_the_clients_earlier_ones(srv):
+    # Regression: a malformed request was answered by the loop at once, ahead of the replies of
+    # the client's requests still running on its worker.
+    s, w = srv("--max-workers", "1", "--max-message-mb", "64")
+    big = b"\x5a" * (8 << 20)
+    for i in range(3):
+        h = hashes(3, b"rej%d" % i)
+        w.send([b"s%d" % i, b"store_bytes",
+                msgpack.packb({"model_name": MODEL, "chunk_hashes": h, "chunks": [big] * 3})])
+        w.send([b"bad%d" % i, b"noop"])  # no payload frame
+        w.send([b"n%d" % i, b"noop", msgpack.packb({})])
+        got = [w.recv() for _ in range(3)]
+        assert [g[0] for g in got] == [b"s%d" % i, b"bad%d" % i, b"n%d" % i], got
+        assert got[0][2]["ok"] and got[0][2]["stored_chunks"] == 3
+        assert got[1][2]["ok"] is False and got[1][2]["code"] == "bad_request", got[1]
+        assert got[2][2]["ok"]

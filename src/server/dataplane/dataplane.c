@@ -55,7 +55,9 @@ struct dp_req {
     zmq_msg_t id, rid, op, payload;
     struct worker *w; /* charged with cost; NULL for a request rejected by the loop */
     size_t cost;
-    void *sock; /* the socket it came from (tcp or ipc); the reply goes back there */
+    void *sock;   /* the socket it came from (tcp or ipc); the reply goes back there */
+    char *answer; /* a reply made by the loop (a rejected request), queued in turn by the worker */
+    size_t answer_len;
     struct dp_req *next;
 };
 
@@ -223,6 +225,10 @@ static void peer_of(struct dataplane *dp, struct dp_req *req, struct dp_peer *p)
 
 /* Runs a request and queues its reply. */
 static void run(struct dataplane *dp, struct dp_req *req) {
+    if (req->answer) {
+        queue_reply(dp, req, req->answer, req->answer_len);
+        return;
+    }
     struct dp_reply r;
     struct dp_peer peer;
     dp_reply_init(&r);
@@ -289,8 +295,9 @@ static int over_budget(struct dataplane *dp) {
     return 0;
 }
 
-/* Replies to a malformed or oversized request at once from the loop thread (its payload is
- * freed here, never queued). */
+/* Replies to a malformed or oversized request from the loop thread (its payload is freed here,
+ * never queued). While the client's worker holds requests the reply goes through that worker's
+ * queue, behind the client's earlier requests, so the client's replies stay in order. */
 static void reject(struct dataplane *dp, struct dp_req *req, const char *code, const char *why) {
     struct dp_reply r;
     struct dp_err err;
@@ -301,6 +308,13 @@ static void reject(struct dataplane *dp, struct dp_req *req, const char *code, c
     size_t len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
     dp_reply_free(&r);
+    if (body && atomic_load_explicit(&worker_of(dp, req)->held, memory_order_acquire) != 0) {
+        msg_clear(&req->payload);
+        req->answer = body;
+        req->answer_len = len;
+        dispatch(dp, req);
+        return;
+    }
     queue_reply(dp, req, body, len);
 }
 
