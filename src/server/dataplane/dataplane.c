@@ -421,6 +421,7 @@ static void send_replies(struct dataplane *dp) {
 static int run_small(struct dataplane *dp, struct dp_req *req) {
     struct worker *w = worker_of(dp, req);
     if (zmq_msg_size(&req->payload) > DP_SMALL_MAX_BYTES ||
+        !dataplane_op_small(zmq_msg_data(&req->op), zmq_msg_size(&req->op)) ||
         atomic_load_explicit(&w->held, memory_order_acquire) != 0)
         return 0;
     struct dp_reply r;

@@ -858,6 +858,11 @@ void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const c
     (void)handle(e, peer, op, oplen, payload, len, 0, reply);
 }
 
+int dataplane_op_small(const char *op, size_t oplen) {
+    const struct dp_op *d = find_op(op, oplen);
+    return d && d->small;
+}
+
 int dataplane_handle_small(struct engine *e, const struct dp_peer *peer, const char *op,
                            size_t oplen, const void *payload, size_t len, uint32_t max_objects,
                            struct dp_reply *reply) {
