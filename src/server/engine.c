@@ -241,6 +241,9 @@ static void register_dp_metrics(struct engine *e) {
     m->read_pauses = metric_series(metrics_counter(
         r, "lmcache_mp_dataplane_read_pauses_total",
         "Times the data socket stopped reading because a worker held --worker-queue-mb.", NULL));
+    m->loop_requests = metric_series(metrics_counter(
+        r, "lmcache_mp_dataplane_loop_requests_total",
+        "Small requests run by the data socket's loop thread instead of a worker.", NULL));
     metrics_gauge_fn(r, "lmcache_mp_active_prefetch_jobs", "Lookup jobs not yet reported.", g_jobs,
                      e);
     metrics_gauge_fn(r, "lmcache_mp_active_sessions", "Open lookup sessions.", g_sessions, e);
@@ -1152,6 +1155,10 @@ uint64_t engine_lookup_release(struct engine *e, const uint8_t *owner, const cha
 void engine_end_session(struct engine *e, const uint8_t *owner, const char *rid) {
     struct session *s = session_remove(&e->sessions, owner, rid);
     if (s) session_release(e, s, 1);
+}
+
+uint64_t engine_session_objects(struct engine *e, const uint8_t *owner, const char *rid) {
+    return session_objects(&e->sessions, owner, rid);
 }
 
 /* ---- KV contexts ---- */

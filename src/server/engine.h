@@ -36,7 +36,8 @@ struct engine_dp_metrics {
     struct metric_family *lookup_hit_l2;
     struct metric_family *store_gbps, *load_gbps;
     struct metric *stores_submitted, *stores_finished, *retrieves_submitted, *retrieves_finished;
-    struct metric *read_pauses; /* the data socket stopped reading (backpressure) */
+    struct metric *read_pauses;   /* the data socket stopped reading (backpressure) */
+    struct metric *loop_requests; /* requests the loop thread ran itself (small, worker idle) */
 };
 
 struct l2ctl;
@@ -273,6 +274,8 @@ uint64_t engine_lookup_release(struct engine *e, const uint8_t *owner, const cha
                                uint32_t from, uint32_t to, int64_t rank);
 /* end_session: touches the session's objects, releases what it still holds and forgets it. */
 void engine_end_session(struct engine *e, const uint8_t *owner, const char *rid);
+/* Objects the session (owner, rid) spans, 0 when there is none (session_objects). */
+uint64_t engine_session_objects(struct engine *e, const uint8_t *owner, const char *rid);
 
 /* ---- KV contexts (the registry of kvctx.h, owned by the engine) --------------------------- */
 

@@ -147,6 +147,14 @@ struct session *session_remove(struct session_table *t, const uint8_t *owner, co
     return s;
 }
 
+uint64_t session_objects(struct session_table *t, const uint8_t *owner, const char *id) {
+    pthread_mutex_lock(&t->lock);
+    struct session *s = do_find(t, owner, id);
+    uint64_t n = s ? (uint64_t)s->nchunks * s->world_size : 0;
+    pthread_mutex_unlock(&t->lock);
+    return n;
+}
+
 int session_query(struct session_table *t, const uint8_t *owner, const char *id, uint32_t *hits) {
     int ready = 1;
     *hits = 0;

@@ -73,6 +73,9 @@ int session_put(struct session_table *t, struct session *s, size_t max_owner_byt
 struct session *session_remove(struct session_table *t, const uint8_t *owner, const char *id);
 void session_free(struct session *s);
 
+/* Objects the session's range spans (chunks x world_size: the most locks it can hold, and so
+ * the work of releasing them), or 0 for an unknown session. */
+uint64_t session_objects(struct session_table *t, const uint8_t *owner, const char *id);
 /* query_prefetch_status: 1 = ready (*hits set; the job is consumed), 0 = pending, and an unknown
  * id or an already reported job counts as ready with 0 hits. */
 int session_query(struct session_table *t, const uint8_t *owner, const char *id, uint32_t *hits);

@@ -1,6 +1,7 @@
 /* Unit tests for the data plane's authorization: shm_name rules, the checks of kvreg_register
  * (regular files only, owners, the proof of access, registrations per connection), the peer
- * credentials libzmq reports, and lookup sessions bound to their connection. */
+ * credentials libzmq reports, and lookup sessions bound to their connection (and what releasing
+ * one costs). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -269,6 +270,31 @@ static void test_sessions_are_per_owner(void **state) {
     session_table_destroy(&t);
 }
 
+/* session_objects: what releasing a session would cost (chunks x world_size of its range), per
+ * owner, so the data socket's loop knows which releases to leave to a worker. */
+static void test_session_objects(void **state) {
+    (void)state;
+    struct session_table t;
+    session_table_init(&t);
+    struct l1_key key;
+    memset(&key, 7, sizeof(key));
+    uint8_t a[SESSION_OWNER], b[SESSION_OWNER];
+    memset(a, 1, sizeof(a));
+    memset(b, 2, sizeof(b));
+    struct session *s = new_session("r", 1, key), *old = NULL;
+    s->nchunks = 300; /* only the first chunk locked: the range counts */
+    s->world_size = 4;
+    assert_int_equal(session_put(&t, s, 0, 0, &old), 0);
+    assert_int_equal(session_objects(&t, a, "r"), 1200);
+    assert_int_equal(session_objects(&t, b, "r"), 0);
+    assert_int_equal(session_objects(&t, a, "other"), 0);
+    s = session_remove(&t, a, "r");
+    assert_non_null(s);
+    session_free(s);
+    assert_int_equal(session_objects(&t, a, "r"), 0);
+    session_table_destroy(&t);
+}
+
 /* A connection's sessions are held to max_owner_bytes, all of them to max_bytes; replacing a
  * session of the same id counts only the difference; what leaves the table stops counting. */
 static void test_session_memory_limits(void **state) {
@@ -323,6 +349,7 @@ int main(void) {
         cmocka_unit_test(test_register_checks_the_owner),
         cmocka_unit_test(test_proof_of_access_and_owners),
         cmocka_unit_test(test_sessions_are_per_owner),
+        cmocka_unit_test(test_session_objects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

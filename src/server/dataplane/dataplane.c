@@ -3,6 +3,13 @@
  * chosen by the identity (so one client's requests run in order), and sends the replies the
  * workers queue, woken by an eventfd.
  *
+ * Small requests (dataplane_handle_small: lookups of a few objects, query_prefetch_status,
+ * end_session, ping...) run on the loop thread itself when the client's worker holds no request
+ * at all: the two thread hand-offs to and from the worker cost more than the operation. The
+ * worker being idle means every earlier request of the client has run and its reply is in the
+ * reply queue; the loop sends that queue before the small request's reply, so a client's
+ * replies keep the order of its requests.
+ *
  * Backpressure: each worker is charged the bytes of the requests it holds (queued or running)
  * and of its replies not yet handed to libzmq. While any worker is at or over
  * --worker-queue-mb the loop stops reading the socket (it still sends replies); libzmq then
@@ -38,6 +45,9 @@
 #include "server/engine.h"
 
 #define MAX_RID 64
+/* Most objects (chunks x world_size) a lookup run by the loop thread may touch, and most a
+ * session may span for the loop thread to release it (end_session, free_lookup_locks). */
+#define DP_SMALL_MAX_OBJECTS 128u
 
 struct worker;
 
@@ -45,7 +55,9 @@ struct dp_req {
     zmq_msg_t id, rid, op, payload;
     struct worker *w; /* charged with cost; NULL for a request rejected by the loop */
     size_t cost;
-    void *sock; /* the socket it came from (tcp or ipc); the reply goes back there */
+    void *sock;   /* the socket it came from (tcp or ipc); the reply goes back there */
+    char *answer; /* a reply made by the loop (a rejected request), queued in turn by the worker */
+    size_t answer_len;
     struct dp_req *next;
 };
 
@@ -69,6 +81,10 @@ struct worker {
     struct dp_req *head, *tail;
     int stop;
     _Atomic size_t charged; /* bytes of held requests and unsent replies (backpressure) */
+    /* Requests dispatched to it and not yet answered (queued or running). Raised by the loop,
+     * lowered by the worker after the reply is in the reply queue: 0 seen by the loop means
+     * every reply of the worker's clients is queued or sent. */
+    _Atomic uint32_t held;
 };
 
 struct dataplane {
@@ -90,6 +106,7 @@ struct dataplane {
 };
 
 static void malloc_keep_for(size_t n);
+static int run_small(struct dataplane *dp, struct dp_req *req);
 
 /* Replaces a frame by an empty one (for an unusable request id). */
 static void msg_clear(zmq_msg_t *m) {
@@ -217,6 +234,10 @@ static void peer_of(struct dataplane *dp, struct dp_req *req, struct dp_peer *p)
 
 /* Runs a request and queues its reply. */
 static void run(struct dataplane *dp, struct dp_req *req) {
+    if (req->answer) {
+        queue_reply(dp, req, req->answer, req->answer_len, NULL, 0);
+        return;
+    }
     struct dp_reply r;
     struct dp_peer peer;
     dp_reply_init(&r);
@@ -253,13 +274,18 @@ static void *worker_main(void *arg) {
             continue;
         }
         run(w->dp, req);
+        atomic_fetch_sub_explicit(&w->held, 1, memory_order_release);
     }
     return NULL;
 }
 
+static struct worker *worker_of(struct dataplane *dp, struct dp_req *req) {
+    return &dp->workers[fnv1a32(zmq_msg_data(&req->id), zmq_msg_size(&req->id)) % dp->nworkers];
+}
+
 static void dispatch(struct dataplane *dp, struct dp_req *req) {
-    struct worker *w =
-        &dp->workers[fnv1a32(zmq_msg_data(&req->id), zmq_msg_size(&req->id)) % dp->nworkers];
+    struct worker *w = worker_of(dp, req);
+    atomic_fetch_add_explicit(&w->held, 1, memory_order_relaxed);
     req->next = NULL;
     req->w = w;
     req->cost =
@@ -282,8 +308,9 @@ static int over_budget(struct dataplane *dp) {
     return 0;
 }
 
-/* Replies to a malformed or oversized request at once from the loop thread (its payload is
- * freed here, never queued). */
+/* Replies to a malformed or oversized request from the loop thread (its payload is freed here,
+ * never queued). While the client's worker holds requests the reply goes through that worker's
+ * queue, behind the client's earlier requests, so the client's replies stay in order. */
 static void reject(struct dataplane *dp, struct dp_req *req, const char *code, const char *why) {
     struct dp_reply r;
     struct dp_err err;
@@ -294,6 +321,13 @@ static void reject(struct dataplane *dp, struct dp_req *req, const char *code, c
     size_t len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
     dp_reply_free(&r);
+    if (body && atomic_load_explicit(&worker_of(dp, req)->held, memory_order_acquire) != 0) {
+        msg_clear(&req->payload);
+        req->answer = body;
+        req->answer_len = len;
+        dispatch(dp, req);
+        return;
+    }
     queue_reply(dp, req, body, len, NULL, 0);
 }
 
@@ -355,7 +389,48 @@ static void receive_one(struct dataplane *dp, void *sock) {
         return;
     }
     malloc_keep_for(zmq_msg_size(&req->payload));
+    if (run_small(dp, req)) return;
     dispatch(dp, req);
+}
+
+/* Sends [id][rid][op][body] and the chunk frames after it (NULL: none), then closes the frames;
+ * body (malloc'd) and each chunk frame are handed to libzmq, the frames array is freed. */
+static void send_reply(void *sock, zmq_msg_t *id, zmq_msg_t *rid, zmq_msg_t *op, char *data,
+                       size_t len, struct dp_frame *frames, uint32_t nframes) {
+    zmq_msg_t body;
+    int have = zmq_msg_init_data(&body, data, len, free_body, NULL) == 0;
+    if (!have) {
+        free(data); /* out of memory: the client times out */
+        zmq_msg_init(&body);
+    }
+    /* Chunk frames: each message owns its frame from here (closing it releases it). */
+    zmq_msg_t *cf = NULL;
+    uint32_t ncf = 0;
+    if (nframes) {
+        cf = calloc(nframes, sizeof(*cf));
+        for (; cf && ncf < nframes; ncf++) {
+            struct dp_frame *f = &frames[ncf];
+            if (zmq_msg_init_data(&cf[ncf], f->data, f->len, f->release, f->hint) != 0) break;
+        }
+        if (ncf < nframes) { /* out of memory: drop the reply, the client times out */
+            have = 0;
+            for (uint32_t i = ncf; i < nframes; i++)
+                frames[i].release(frames[i].data, frames[i].hint);
+        }
+    }
+    free(frames);
+    /* A vanished peer makes the send fail; the reply is then dropped. */
+    if (have && zmq_msg_send(id, sock, ZMQ_SNDMORE) >= 0 &&
+        zmq_msg_send(rid, sock, ZMQ_SNDMORE) >= 0 && zmq_msg_send(op, sock, ZMQ_SNDMORE) >= 0 &&
+        zmq_msg_send(&body, sock, ncf ? ZMQ_SNDMORE : 0) >= 0)
+        for (uint32_t i = 0; i < ncf; i++)
+            if (zmq_msg_send(&cf[i], sock, i + 1 < ncf ? ZMQ_SNDMORE : 0) < 0) break;
+    for (uint32_t i = 0; i < ncf; i++) zmq_msg_close(&cf[i]);
+    free(cf);
+    zmq_msg_close(&body);
+    zmq_msg_close(id);
+    zmq_msg_close(rid);
+    zmq_msg_close(op);
 }
 
 static void send_replies(struct dataplane *dp) {
@@ -368,46 +443,40 @@ static void send_replies(struct dataplane *dp) {
     pthread_mutex_unlock(&dp->out_lock);
     while (o) {
         struct dp_out *next = o->next;
-        zmq_msg_t body;
-        int have = zmq_msg_init_data(&body, o->body, o->len, free_body, NULL) == 0;
-        if (!have) {
-            free(o->body); /* out of memory: the client times out */
-            zmq_msg_init(&body);
-        }
-        /* Chunk frames: each message owns its frame from here (closing it releases it). */
-        zmq_msg_t *cf = NULL;
-        uint32_t ncf = 0;
-        if (o->nframes) {
-            cf = calloc(o->nframes, sizeof(*cf));
-            for (; cf && ncf < o->nframes; ncf++) {
-                struct dp_frame *f = &o->frames[ncf];
-                if (zmq_msg_init_data(&cf[ncf], f->data, f->len, f->release, f->hint) != 0) break;
-            }
-            if (ncf < o->nframes) { /* out of memory: drop the reply, the client times out */
-                have = 0;
-                for (uint32_t i = ncf; i < o->nframes; i++)
-                    o->frames[i].release(o->frames[i].data, o->frames[i].hint);
-            }
-        }
-        free(o->frames);
-        o->frames = NULL;
-        /* A vanished peer makes the send fail; the reply is then dropped. */
-        if (have && zmq_msg_send(&o->id, o->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->rid, o->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&o->op, o->sock, ZMQ_SNDMORE) >= 0 &&
-            zmq_msg_send(&body, o->sock, ncf ? ZMQ_SNDMORE : 0) >= 0)
-            for (uint32_t i = 0; i < ncf; i++)
-                if (zmq_msg_send(&cf[i], o->sock, i + 1 < ncf ? ZMQ_SNDMORE : 0) < 0) break;
-        for (uint32_t i = 0; i < ncf; i++) zmq_msg_close(&cf[i]);
-        free(cf);
-        zmq_msg_close(&body);
-        zmq_msg_close(&o->id);
-        zmq_msg_close(&o->rid);
-        zmq_msg_close(&o->op);
+        send_reply(o->sock, &o->id, &o->rid, &o->op, o->body, o->len, o->frames, o->nframes);
         if (o->w) atomic_fetch_sub(&o->w->charged, o->cost);
         free(o);
         o = next;
     }
+}
+
+/* Runs a small request on the loop thread when the client's worker holds nothing (see the top
+ * of the file). 1 when it was answered, 0 when it must go to the worker. */
+static int run_small(struct dataplane *dp, struct dp_req *req) {
+    struct worker *w = worker_of(dp, req);
+    if (zmq_msg_size(&req->payload) > DP_SMALL_MAX_BYTES ||
+        !dataplane_op_small(zmq_msg_data(&req->op), zmq_msg_size(&req->op)) ||
+        atomic_load_explicit(&w->held, memory_order_acquire) != 0)
+        return 0;
+    struct dp_reply r;
+    struct dp_peer peer;
+    dp_reply_init(&r);
+    peer_of(dp, req, &peer);
+    if (!dataplane_handle_small(dp->e, &peer, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
+                                zmq_msg_data(&req->payload), zmq_msg_size(&req->payload),
+                                DP_SMALL_MAX_OBJECTS, &r)) {
+        dp_reply_free(&r);
+        return 0;
+    }
+    size_t len = r.buf.size;
+    char *body = msgpack_sbuffer_release(&r.buf);
+    dp_reply_free(&r);
+    if (dp->e->dpm.loop_requests) metric_inc(dp->e->dpm.loop_requests, 1);
+    send_replies(dp); /* the client's earlier replies first */
+    zmq_msg_close(&req->payload);
+    send_reply(req->sock, &req->id, &req->rid, &req->op, body, len, NULL, 0);
+    free(req);
+    return 1;
 }
 
 static void *loop_main(void *arg) {

@@ -49,6 +49,21 @@ void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void
 void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const char *op,
                            size_t oplen, const void *payload, size_t len, struct dp_reply *reply);
 
+/* Largest payload of a request the loop thread may run itself (dataplane_handle_small). */
+#define DP_SMALL_MAX_BYTES 8192u
+
+/* 1 when the operation named op may run as a small request (the cheap first check). */
+int dataplane_op_small(const char *op, size_t oplen);
+/* Runs a request only if it is small: an operation whose work is bounded (lookup,
+ * query_prefetch_status, free_lookup_locks, end_session, get_chunk_size, ping, noop), a payload
+ * of at most DP_SMALL_MAX_BYTES, for a lookup at most max_objects objects (chunks x world_size),
+ * and a session to release (end_session, free_lookup_locks, the one a lookup replaces) of at
+ * most max_objects. 1 with the reply complete, or 0 with nothing done and the reply untouched:
+ * the request then goes to a worker (dataplane_handle_peer). */
+int dataplane_handle_small(struct engine *e, const struct dp_peer *peer, const char *op,
+                           size_t oplen, const void *payload, size_t len, uint32_t max_objects,
+                           struct dp_reply *reply);
+
 /* Largest reply a request may build: --max-reply-mb, or --max-message-mb when that is 0. */
 uint64_t dp_max_reply_bytes(const struct server_config *cfg);
 

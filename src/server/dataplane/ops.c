@@ -25,6 +25,8 @@ struct op_ctx {
     struct dp_err *err;
     uint64_t now;
     const struct dp_peer *peer; /* NULL: an anonymous tcp peer */
+    uint32_t small_objects;     /* run only if the range has at most this many objects (0: any) */
+    int deferred;               /* set when the request is too big for small_objects */
 };
 
 /* The key sessions are bound to: the connection's (all zero for an anonymous peer). */
@@ -150,6 +152,10 @@ static int parse_range(struct op_ctx *o, struct engine_prompt *cr, uint32_t rank
     cr->start_chunk = (uint32_t)(start / cs);
     cr->end_chunk = (uint32_t)end_chunk;
     uint64_t objects = (uint64_t)(cr->end_chunk - cr->start_chunk) * ranks;
+    if (o->small_objects && objects > o->small_objects) { /* not here: on a worker */
+        o->deferred = 1;
+        goto fail;
+    }
     if (objects > (uint64_t)o->e->cfg->max_request_objects) {
         dp_fail(o->err, DP_TOO_LARGE,
                 "%u chunks x %u ranks = %llu objects, over --max-request-objects %ld",
@@ -767,6 +773,16 @@ out:
 
 /* ---- lookup sessions ---- */
 
+/* On the loop thread (small_objects set), a request that would release the locks of a session
+ * spanning more objects than that is left to a worker: a lookup replacing a session of the same
+ * id, free_lookup_locks and end_session each do one L1 call per object. */
+static int session_too_big(struct op_ctx *o, const char *rid) {
+    if (!o->small_objects || engine_session_objects(o->e, owner_of(o), rid) <= o->small_objects)
+        return 0;
+    o->deferred = 1;
+    return 1;
+}
+
 static int op_lookup(struct op_ctx *o) {
     char model[KEYS_MODEL_NAME_MAX + 1], rid[ENGINE_REQUEST_ID_MAX + 1];
     int64_t ws = 1, readers = 1;
@@ -776,6 +792,10 @@ static int op_lookup(struct op_ctx *o) {
     if (dp_int(o->m, "world_size", 0, 1, 255, &ws, o->err) < 0) return -1;
     if (dp_int(o->m, "num_kv_readers", 0, 1, DP_MAX_KV_READERS, &readers, o->err) < 0) return -1;
     if (parse_range(o, &cr, (uint32_t)ws) < 0) return -1;
+    if (session_too_big(o, rid)) {
+        range_free(&cr);
+        return -1;
+    }
     int rc = engine_lookup(o->e, owner_of(o), rid, &cr, model, (uint32_t)ws, (uint32_t)readers,
                            o->now, o->err->message, sizeof(o->err->message));
     range_free(&cr);
@@ -799,6 +819,7 @@ static int op_free_lookup_locks(struct op_ctx *o) {
     if (dp_int(o->m, "start", 0, 0, INT64_MAX, &start, o->err) < 0) return -1;
     if (dp_int(o->m, "end", 0, 0, INT64_MAX, &end, o->err) < 0) return -1;
     if (dp_int(o->m, "worker_id", 0, 0, 254, &worker, o->err) < 0) return -1;
+    if (session_too_big(o, rid)) return -1;
     uint64_t cs = (uint64_t)o->e->cfg->chunk_size;
     uint64_t from = (uint64_t)start / cs, to = ((uint64_t)end + cs - 1) / cs;
     uint64_t n = engine_lookup_release(o->e, owner_of(o), rid,
@@ -811,6 +832,7 @@ static int op_free_lookup_locks(struct op_ctx *o) {
 static int op_end_session(struct op_ctx *o) {
     char rid[ENGINE_REQUEST_ID_MAX + 1];
     if (dp_cstr(o->m, "request_id", 1, rid, sizeof(rid), o->err) < 0) return -1;
+    if (session_too_big(o, rid)) return -1;
     engine_end_session(o->e, owner_of(o), rid);
     return 0;
 }
@@ -844,25 +866,38 @@ static int op_noop(struct op_ctx *o) {
     return 0;
 }
 
+/* small: the operation's work is bounded by a small payload, or by the objects of its range
+ * (held to the caller's limit by parse_range), so the loop thread may run it (dataplane.c).
+ * clear (all of L1), register (maps shared memory) and the copies never are. */
 static const struct dp_op {
     const char *name;
     int (*fn)(struct op_ctx *o);
+    int small;
 } OPS[] = {
-    {"register_kv_cache", op_register},
-    {"unregister_kv_cache", op_unregister},
-    {"lookup", op_lookup},
-    {"query_prefetch_status", op_query_prefetch},
-    {"retrieve", op_retrieve},
-    {"store", op_store},
-    {"store_bytes", op_store_bytes},
-    {"retrieve_bytes", op_retrieve_bytes},
-    {"free_lookup_locks", op_free_lookup_locks},
-    {"end_session", op_end_session},
-    {"clear", op_clear},
-    {"get_chunk_size", op_get_chunk_size},
-    {"ping", op_ping},
-    {"noop", op_noop},
+    {"register_kv_cache", op_register, 0},
+    {"unregister_kv_cache", op_unregister, 0},
+    {"lookup", op_lookup, 1},
+    {"query_prefetch_status", op_query_prefetch, 1},
+    {"retrieve", op_retrieve, 0},
+    {"store", op_store, 0},
+    {"store_bytes", op_store_bytes, 0},
+    {"retrieve_bytes", op_retrieve_bytes, 0},
+    {"free_lookup_locks", op_free_lookup_locks, 1},
+    {"end_session", op_end_session, 1},
+    {"clear", op_clear, 0},
+    {"get_chunk_size", op_get_chunk_size, 1},
+    {"ping", op_ping, 1},
+    {"noop", op_noop, 1},
 };
+
+static const struct dp_op *find_op(const char *op, size_t oplen) {
+    for (size_t i = 0; i < sizeof(OPS) / sizeof(OPS[0]); i++)
+        if (strlen(OPS[i].name) == oplen && memcmp(OPS[i].name, op, oplen) == 0) return &OPS[i];
+    return NULL;
+}
+
+static int handle(struct engine *e, const struct dp_peer *peer, const char *op, size_t oplen,
+                  const void *payload, size_t len, uint32_t small_objects, struct dp_reply *reply);
 
 void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
                       size_t len, struct dp_reply *reply) {
@@ -871,10 +906,28 @@ void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void
 
 void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const char *op,
                            size_t oplen, const void *payload, size_t len, struct dp_reply *reply) {
+    (void)handle(e, peer, op, oplen, payload, len, 0, reply);
+}
+
+int dataplane_op_small(const char *op, size_t oplen) {
+    const struct dp_op *d = find_op(op, oplen);
+    return d && d->small;
+}
+
+int dataplane_handle_small(struct engine *e, const struct dp_peer *peer, const char *op,
+                           size_t oplen, const void *payload, size_t len, uint32_t max_objects,
+                           struct dp_reply *reply) {
+    const struct dp_op *d = find_op(op, oplen);
+    if (!d || !d->small || len > DP_SMALL_MAX_BYTES || max_objects == 0) return 0;
+    return handle(e, peer, op, oplen, payload, len, max_objects, reply);
+}
+
+/* Runs one request; 0 (nothing done, the reply untouched) when small_objects is set and the
+ * request's range holds more objects, else 1 with the reply complete. */
+static int handle(struct engine *e, const struct dp_peer *peer, const char *op, size_t oplen,
+                  const void *payload, size_t len, uint32_t small_objects, struct dp_reply *reply) {
     struct dp_err err = {NULL, ""};
-    const struct dp_op *d = NULL;
-    for (size_t i = 0; i < sizeof(OPS) / sizeof(OPS[0]); i++)
-        if (strlen(OPS[i].name) == oplen && memcmp(OPS[i].name, op, oplen) == 0) d = &OPS[i];
+    const struct dp_op *d = find_op(op, oplen);
     uint64_t t0 = clock_mono_ns();
     int ok = 0;
     if (!d) {
@@ -891,11 +944,14 @@ void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const c
         msgpack_unpacked up;
         msgpack_unpacked_init(&up);
         struct dp_map m;
+        int deferred = 0;
         if (dp_decode(payload, len, &up, &m, &err) == 0) {
-            struct op_ctx o = {e, &m, reply, &err, clock_mono_ns(), peer};
+            struct op_ctx o = {e, &m, reply, &err, clock_mono_ns(), peer, small_objects, 0};
             ok = d->fn(&o) == 0;
+            deferred = o.deferred;
         }
         msgpack_unpacked_destroy(&up);
+        if (deferred) return 0; /* the handler failed before touching anything */
     }
     const char *labels[] = {d ? d->name : "unknown",
                             ok ? "ok" : (err.code ? err.code : DP_INTERNAL)};
@@ -905,4 +961,5 @@ void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const c
     if (!ok) log_debug(e->lg_dp, "%s failed: %s: %s", dl[0], err.code, err.message);
     size_t n;
     dp_finish(reply, ok, &err, &n);
+    return 1;
 }
