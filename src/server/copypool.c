@@ -215,6 +215,7 @@ uint64_t copypool_piece_bytes(const struct copypool *p, uint64_t bytes, uint32_t
      * busy elsewhere leaves its share to the others. */
     uint64_t piece = bytes / (4ull * (t + 1));
     if (piece < COPYPOOL_MIN_PIECE) piece = COPYPOOL_MIN_PIECE;
+    if (piece > COPYPOOL_MAX_PIECE) piece = COPYPOOL_MAX_PIECE;
     piece = (piece + 4095) & ~4095ull;
     uint64_t n = (bytes + piece - 1) / piece;
     if (n > UINT32_MAX) { /* absurd sizes: fewer, larger pieces */

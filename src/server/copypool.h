@@ -15,6 +15,9 @@ struct copypool;
 /* Smallest piece handed out: large enough that a helper's wake-up and the per-piece guard are
  * noise next to the copy. */
 #define COPYPOOL_MIN_PIECE (128u << 10)
+/* Largest piece: a helper descheduled in the middle of a piece (another process took its core)
+ * holds up its caller for at most one piece's copy once it runs again. */
+#define COPYPOOL_MAX_PIECE (512u << 10)
 
 /* Starts nthreads helpers named dp-copy-0..N-1 (0 is allowed: a pool whose caller does all the
  * work). NULL with a message when a thread cannot be started. */
@@ -30,7 +33,8 @@ unsigned copypool_threads(const struct copypool *p);
  * every piece runs on the caller. fn must be safe to call concurrently for different i. */
 int copypool_run(struct copypool *p, uint32_t n, int (*fn)(void *arg, uint32_t i), void *arg);
 
-/* How a copy of `bytes` is split for this pool: the piece size (a multiple of 4 KiB, or bytes
+/* How a copy of `bytes` is split for this pool: the piece size (about four per thread, caller
+ * included, within [COPYPOOL_MIN_PIECE, COPYPOOL_MAX_PIECE], a multiple of 4 KiB; or bytes
  * itself when the copy stays on the caller) and, in *pieces, how many. */
 uint64_t copypool_piece_bytes(const struct copypool *p, uint64_t bytes, uint32_t *pieces);
 

@@ -191,6 +191,34 @@ static void test_idle_pool_helps(void **state) {
     copypool_stop(p);
 }
 
+/* ---- how copies are split ---- */
+
+static void test_piece_sizes(void **state) {
+    (void)state;
+    char err[128];
+    struct copypool *p1 = copypool_start(1, err, sizeof(err));
+    struct copypool *p3 = copypool_start(3, err, sizeof(err));
+    assert_non_null(p1);
+    assert_non_null(p3);
+    uint32_t n = 0;
+    /* below the threshold: one piece, on the caller */
+    assert_int_equal(copypool_piece_bytes(p3, COPYPOOL_MIN_BYTES - 1, &n), COPYPOOL_MIN_BYTES - 1);
+    assert_int_equal(n, 1);
+    /* about four pieces per thread, the caller included */
+    assert_int_equal(copypool_piece_bytes(p1, 2u << 20, &n), 256u << 10);
+    assert_int_equal(n, 8);
+    /* never below the smallest piece, never above the largest */
+    assert_int_equal(copypool_piece_bytes(p3, COPYPOOL_MIN_BYTES, &n), COPYPOOL_MIN_PIECE);
+    assert_int_equal(n, COPYPOOL_MIN_BYTES / COPYPOOL_MIN_PIECE);
+    assert_int_equal(copypool_piece_bytes(p1, 64u << 20, &n), COPYPOOL_MAX_PIECE);
+    assert_int_equal(n, (64u << 20) / COPYPOOL_MAX_PIECE);
+    /* a remainder makes one more, shorter piece */
+    assert_int_equal(copypool_piece_bytes(p1, (64u << 20) + 1, &n), COPYPOOL_MAX_PIECE);
+    assert_int_equal(n, (64u << 20) / COPYPOOL_MAX_PIECE + 1);
+    copypool_stop(p1);
+    copypool_stop(p3);
+}
+
 /* ---- pooled memcpy ---- */
 
 static void test_memcpy_odd_size(void **state) {
@@ -351,13 +379,10 @@ static void test_kv_copies_both_orders(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_piece_once),
-        cmocka_unit_test(test_off_runs_on_caller),
-        cmocka_unit_test(test_failure_fails_run),
-        cmocka_unit_test(test_busy_pool_caller_does_all),
-        cmocka_unit_test(test_idle_pool_helps),
-        cmocka_unit_test(test_memcpy_odd_size),
-        cmocka_unit_test(test_kv_copies_both_orders),
+        cmocka_unit_test(test_every_piece_once),  cmocka_unit_test(test_off_runs_on_caller),
+        cmocka_unit_test(test_failure_fails_run), cmocka_unit_test(test_busy_pool_caller_does_all),
+        cmocka_unit_test(test_idle_pool_helps),   cmocka_unit_test(test_piece_sizes),
+        cmocka_unit_test(test_memcpy_odd_size),   cmocka_unit_test(test_kv_copies_both_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
