@@ -12,13 +12,16 @@
 #include "server/copypool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/check.h"
+#include "base/clock.h"
 #include "base/errbuf.h"
 
 #define COPYPOOL_MAGIC 0xc09e9001u
@@ -47,7 +50,13 @@ struct copypool {
     int stop;
     unsigned n;
     pthread_t *tids;
-    _Atomic uint64_t jobs, helper_pieces;
+    /* the free-core gate (set before the first job) and its last answer */
+    copypool_runnable_fn runnable;
+    void *runnable_arg;
+    unsigned ncpu;
+    _Atomic uint64_t gate_next_ns; /* ask again from then on */
+    _Atomic int gate_busy;
+    _Atomic uint64_t jobs, helper_pieces, gated;
 };
 
 struct helper_arg {
@@ -161,8 +170,45 @@ void copypool_stop(struct copypool *p) {
 
 unsigned copypool_threads(const struct copypool *p) { return p ? p->n : 0; }
 
+void copypool_set_gate(struct copypool *p, copypool_runnable_fn runnable, void *arg,
+                       unsigned ncpu) {
+    p->runnable = runnable;
+    p->runnable_arg = arg;
+    p->ncpu = ncpu;
+    atomic_store(&p->gate_next_ns, 0);
+}
+
+int copypool_runnable_proc(void *arg) {
+    (void)arg;
+    char buf[128];
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = '\0';
+    int running = -1;
+    if (sscanf(buf, "%*s %*s %*s %d/", &running) != 1) return -1;
+    return running;
+}
+
+/* 1 when the gate says no core is free. Racing callers may both ask; either answer is fine. */
+static int no_free_core(struct copypool *p) {
+    if (!p->runnable) return 0;
+    uint64_t now = clock_mono_ns();
+    if (now >= atomic_load_explicit(&p->gate_next_ns, memory_order_relaxed)) {
+        atomic_store_explicit(&p->gate_next_ns, now + COPYPOOL_GATE_NS, memory_order_relaxed);
+        int r = p->runnable(p->runnable_arg);
+        atomic_store_explicit(&p->gate_busy, r >= 0 && (unsigned)r >= p->ncpu,
+                              memory_order_relaxed);
+    }
+    return atomic_load_explicit(&p->gate_busy, memory_order_relaxed);
+}
+
 int copypool_run(struct copypool *p, uint32_t n, int (*fn)(void *arg, uint32_t i), void *arg) {
-    if (!p || p->n == 0 || n < 2) {
+    int gated = p && p->n && n >= 2 && no_free_core(p);
+    if (gated) atomic_fetch_add_explicit(&p->gated, 1, memory_order_relaxed);
+    if (!p || p->n == 0 || n < 2 || gated) {
         for (uint32_t i = 0; i < n; i++)
             if (fn(arg, i) != 0) return -1;
         return 0;
@@ -256,4 +302,5 @@ void copypool_get_stats(const struct copypool *p, struct copypool_stats *out) {
     if (!p) return;
     out->jobs = atomic_load_explicit(&p->jobs, memory_order_relaxed);
     out->helper_pieces = atomic_load_explicit(&p->helper_pieces, memory_order_relaxed);
+    out->gated = atomic_load_explicit(&p->gated, memory_order_relaxed);
 }

@@ -41,9 +41,21 @@ uint64_t copypool_piece_bytes(const struct copypool *p, uint64_t bytes, uint32_t
 /* memcpy split between the caller and the pool (below COPYPOOL_MIN_BYTES: a plain memcpy). */
 void copypool_memcpy(struct copypool *p, void *dst, const void *src, size_t n);
 
-/* Counters since start: jobs handed to the helpers, pieces the helpers ran. */
+/* Where cores are free: runnable(arg) tells how many threads are runnable on the machine now,
+ * the caller included (or -1: unknown). While it is at least ncpu no core is free, a woken
+ * helper would only take turns with its caller, and copypool_run keeps the whole job on the
+ * caller. It is asked at most every COPYPOOL_GATE_NS (the answer is kept in between).
+ * Without a gate (the default) helpers are always woken. Set it before the first job. */
+#define COPYPOOL_GATE_NS (20ull * 1000 * 1000)
+typedef int (*copypool_runnable_fn)(void *arg);
+void copypool_set_gate(struct copypool *p, copypool_runnable_fn runnable, void *arg, unsigned ncpu);
+/* The machine's runnable threads from /proc/loadavg (its fourth field, "R/T"); -1 on error. */
+int copypool_runnable_proc(void *arg);
+
+/* Counters since start: jobs handed to the helpers, pieces the helpers ran, jobs kept on their
+ * caller because no core was free. */
 struct copypool_stats {
-    uint64_t jobs, helper_pieces;
+    uint64_t jobs, helper_pieces, gated;
 };
 void copypool_get_stats(const struct copypool *p, struct copypool_stats *out);
 

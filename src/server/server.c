@@ -166,9 +166,13 @@ int server_main(int argc, char **argv) {
         config_free(&cfg);
         return 1;
     }
+    /* helpers only where a core is free (a shared machine's other load included) */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!cfg.copy_threads_always)
+        copypool_set_gate(copypool, copypool_runnable_proc, NULL, ncpu > 0 ? (unsigned)ncpu : 1);
     engine.copypool = copypool;
-    log_info(lg, "copy pool: %u helper threads (--copy-threads %ld)", copy_threads,
-             cfg.copy_threads);
+    log_info(lg, "copy pool: %u helper threads (--copy-threads %ld)%s", copy_threads,
+             cfg.copy_threads, cfg.copy_threads_always ? "" : ", used while a core is free");
     struct dataplane *dp = dataplane_start(&engine, cfg.host, (int)cfg.port, (int)cfg.max_workers,
                                            (size_t)cfg.max_message_mb << 20, err, sizeof(err));
     if (!dp) {

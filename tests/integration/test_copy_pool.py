@@ -80,7 +80,8 @@ def shm_round_trip(c, kv, iid, seed):
 @pytest.mark.parametrize("threads", ["0", "1", "3"])
 @pytest.mark.parametrize("order", ["layer_major", "block_major"])
 def test_shm_and_bytes_round_trip_with_copy_threads(dp, threads, order):
-    s, c = dp("--copy-threads", threads)
+    # --copy-threads-always: the helpers take part even on a loaded machine
+    s, c = dp("--copy-threads", threads, "--copy-threads-always")
     kv = ShmKVOrder(order)
     try:
         assert sum(n.startswith("dp-copy-") for n in thread_names(s)) == int(threads)
@@ -97,8 +98,22 @@ def test_shm_and_bytes_round_trip_with_copy_threads(dp, threads, order):
         kv.close()
 
 
+def test_default_pool_with_its_free_core_gate_round_trips(dp):
+    s, c = dp()  # --copy-threads -1, helpers only while a core is free
+    kv = ShmKVOrder("block_major")
+    try:
+        ncpu = os.cpu_count()
+        helpers = sum(n.startswith("dp-copy-") for n in thread_names(s))
+        assert helpers == min(max(ncpu - 1, 0), 8)
+        for i in range(3):
+            shm_round_trip(c, kv, 9, 20 + i)
+    finally:
+        c.close()
+        kv.close()
+
+
 def test_concurrent_clients_share_the_pool(dp):
-    s, _ = dp("--max-workers", "2", "--copy-threads", "3")
+    s, _ = dp("--max-workers", "2", "--copy-threads", "3", "--copy-threads-always")
     errors = []
 
     def client(n):
@@ -127,7 +142,7 @@ def test_concurrent_clients_share_the_pool(dp):
 
 
 def test_bad_block_id_fails_the_whole_request(dp):
-    s, c = dp("--copy-threads", "3")
+    s, c = dp("--copy-threads", "3", "--copy-threads-always")
     kv = ShmKVOrder("layer_major")
     per = CHUNK // kv.tpb
     try:
@@ -154,7 +169,7 @@ def test_bad_block_id_fails_the_whole_request(dp):
 def test_shrunk_mapping_fails_a_pooled_copy_not_the_server(dp):
     """Every range of a split copy runs under its own thread's SIGBUS guard: a mapping that
     shrank under the helpers is shm_error, as on the worker."""
-    s, c = dp("--copy-threads", "3")
+    s, c = dp("--copy-threads", "3", "--copy-threads-always")
     kv = ShmKVOrder("layer_major")
     per = CHUNK // kv.tpb
     try:

@@ -191,6 +191,56 @@ static void test_idle_pool_helps(void **state) {
     copypool_stop(p);
 }
 
+/* ---- the free-core gate ---- */
+
+struct gate {
+    int runnable;
+    int asked;
+};
+
+static int fake_runnable(void *arg) {
+    struct gate *g = arg;
+    g->asked++;
+    return g->runnable;
+}
+
+static void test_gate_keeps_jobs_on_the_caller_when_no_core_is_free(void **state) {
+    (void)state;
+    char err[128];
+    struct copypool *p = copypool_start(2, err, sizeof(err));
+    assert_non_null(p);
+    struct gate g = {.runnable = 4};
+    copypool_set_gate(p, fake_runnable, &g, 4); /* 4 runnable on 4 CPUs: none free */
+    struct copypool_stats st;
+    for (int k = 0; k < 3; k++) {
+        struct count_job *c = count_job_new();
+        assert_int_equal(copypool_run(p, 200, count_piece, c), 0);
+        assert_int_equal(atomic_load(&c->by_caller), 200);
+        for (uint32_t i = 0; i < 200; i++) assert_int_equal(atomic_load(&c->runs[i]), 1);
+        free(c);
+    }
+    copypool_get_stats(p, &st);
+    assert_int_equal(st.gated, 3);
+    assert_int_equal(st.jobs, 0);
+    assert_int_equal(st.helper_pieces, 0);
+    assert_true(g.asked >= 1 && g.asked <= 3); /* the answer is kept for a while */
+    /* a free core (or an unknown count): the helpers are woken and do help */
+    const int free_counts[] = {3, -1};
+    for (int k = 0; k < 2; k++) {
+        g.runnable = free_counts[k];
+        copypool_set_gate(p, fake_runnable, &g, 4);
+        struct help_job *h = calloc(1, sizeof(*h));
+        assert_non_null(h);
+        h->caller = pthread_self();
+        assert_int_equal(copypool_run(p, 64, help_piece, h), 0);
+        assert_true(atomic_load(&h->by_helper) >= 1);
+        for (int i = 0; i < 64; i++) assert_int_equal(atomic_load(&h->runs[i]), 1);
+        free(h);
+    }
+    assert_true(copypool_runnable_proc(NULL) >= 1); /* this thread at least */
+    copypool_stop(p);
+}
+
 /* ---- how copies are split ---- */
 
 static void test_piece_sizes(void **state) {
@@ -379,10 +429,15 @@ static void test_kv_copies_both_orders(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_piece_once),  cmocka_unit_test(test_off_runs_on_caller),
-        cmocka_unit_test(test_failure_fails_run), cmocka_unit_test(test_busy_pool_caller_does_all),
-        cmocka_unit_test(test_idle_pool_helps),   cmocka_unit_test(test_piece_sizes),
-        cmocka_unit_test(test_memcpy_odd_size),   cmocka_unit_test(test_kv_copies_both_orders),
+        cmocka_unit_test(test_every_piece_once),
+        cmocka_unit_test(test_off_runs_on_caller),
+        cmocka_unit_test(test_failure_fails_run),
+        cmocka_unit_test(test_busy_pool_caller_does_all),
+        cmocka_unit_test(test_idle_pool_helps),
+        cmocka_unit_test(test_gate_keeps_jobs_on_the_caller_when_no_core_is_free),
+        cmocka_unit_test(test_piece_sizes),
+        cmocka_unit_test(test_memcpy_odd_size),
+        cmocka_unit_test(test_kv_copies_both_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
