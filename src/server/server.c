@@ -208,6 +208,13 @@ int server_main(int argc, char **argv) {
     kvevents_stop(kvev);
     dataplane_stop(dp);
     engine.copypool = NULL;
+    struct copypool_stats cps;
+    copypool_get_stats(copypool, &cps);
+    log_info(lg,
+             "copy pool: %llu copies split with the helpers (%llu pieces copied by them), %llu "
+             "kept on their worker as no core was free",
+             (unsigned long long)cps.jobs, (unsigned long long)cps.helper_pieces,
+             (unsigned long long)cps.gated);
     copypool_stop(copypool);
     engine_destroy(&engine);
     reporter_free(reporter);
