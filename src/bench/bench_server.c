@@ -371,10 +371,12 @@ static void print_server_threads(const struct opts *o) {
     json_t *cfg = status == 200 && body ? json_loads(body, 0, NULL) : NULL;
     json_t *mp = cfg ? json_object_get(cfg, "mp") : NULL;
     json_t *w = json_object_get(mp, "max_workers"), *ct = json_object_get(mp, "copy_threads");
+    json_t *always = json_object_get(mp, "copy_threads_always");
     if (json_is_integer(w) && json_is_integer(ct))
-        printf("server: --max-workers %lld, --copy-threads %lld%s\n",
+        printf("server: --max-workers %lld, --copy-threads %lld%s%s\n",
                (long long)json_integer_value(w), (long long)json_integer_value(ct),
-               json_integer_value(ct) < 0 ? " (one per CPU beyond the first, at most 8)" : "");
+               json_integer_value(ct) < 0 ? " (one per CPU beyond the first, at most 8)" : "",
+               json_is_true(always) ? ", --copy-threads-always" : "");
     json_decref(cfg);
     free(body);
 }
