@@ -17,9 +17,15 @@
 #     size over loopback tcp and over ipc (the transport alone);
 #   - Redis (Debian's redis-server, started here) SET/GET of values of the same size with
 #     redis-benchmark, one client.
+#   - the shared-memory and bytes rows again, back to back with the first ones, against a server
+#     started with --copy-threads 0 (rows *_nopool; skip them with POOL_OFF=0): the copy pool's
+#     gain in the same run, each ratio to that run's own memcpy.
 # GB/s count payload bytes once per request (an echo's message travels both ways). The machine
 # may be shared: the load average is printed with the table.
-# Usage: scripts/bench-server.sh [extra lmcache bench server --mode throughput options]
+# Usage: [SIZES="2 32"] [SERVER_OPTS="--max-workers 2 --copy-threads 2"] [POOL_OFF=0]
+#        scripts/bench-server.sh [extra lmcache bench server --mode throughput options]
+# SERVER_OPTS are added to every `lmcache server` started here (the pool-off server gets
+# --copy-threads 0 after them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh >/dev/null 2>&1 || echo "(scripts/install-deps.sh failed: using what is installed)" >&2
@@ -31,6 +37,8 @@ scripts/build.sh build >/dev/null
 port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 ZMQ=$(port); HTTP=$(port); REDIS=$(port)
 SIZES=${SIZES:-"1 2 32"}
+POOL_OFF=${POOL_OFF:-1}
+read -r -a SERVER_OPTS <<<"${SERVER_OPTS:-}"
 TMP=$(mktemp -d)
 cleanup() {
     [ -n "${SRV:-}" ] && kill "$SRV" 2>/dev/null || true
@@ -44,10 +52,11 @@ echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}'
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 IPC="$TMP/dp.sock"
-start_server() {
+start_server() { # extra server options after SERVER_OPTS
     [ -n "${SRV:-}" ] && { kill "$SRV" 2>/dev/null || true; wait "$SRV" 2>/dev/null || true; }
     ./build/lmcache server --host 127.0.0.1 --port "$ZMQ" --http-host 127.0.0.1 --http-port "$HTTP" \
-        --ipc-path "$IPC" --l1-size-gb 3 --eviction-policy LRU >"$TMP/server.log" 2>&1 &
+        --ipc-path "$IPC" --l1-size-gb 3 --eviction-policy LRU ${SERVER_OPTS[@]+"${SERVER_OPTS[@]}"} \
+        "$@" >"$TMP/server.log" 2>&1 &
     SRV=$!
     for _ in $(seq 1 100); do
         grep -q "L1 prefault:" "$TMP/server.log" && break
@@ -100,6 +109,13 @@ for mib in $SIZES; do
     tp "$TMP/tp.$mib" --layers "$mib" --prompts "$prompts" --warmup --lookup-samples 0 "$@"
     tp "$TMP/bm.$mib" --layers "$mib" --prompts "$prompts" --warmup --lookup-samples 0 \
         --block-order block_major --no-bytes --instance-base 2000 "$@"
+    if [ "$POOL_OFF" = 1 ]; then # the same two runs without the copy pool, then back
+        start_server --copy-threads 0
+        tp "$TMP/tp0.$mib" --layers "$mib" --prompts "$prompts" --warmup --lookup-samples 0 "$@"
+        tp "$TMP/bm0.$mib" --layers "$mib" --prompts "$prompts" --warmup --lookup-samples 0 \
+            --block-order block_major --no-bytes --instance-base 2000 "$@"
+        start_server
+    fi
     tp "$TMP/ipc.$mib" --layers "$mib" --prompts "$prompts" --lookup-samples 0 \
         --endpoint "ipc://$IPC" --instance-base 3000 "$@"
     ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 >"$TMP/echo.$mib" 2>&1 ||
@@ -107,7 +123,9 @@ for mib in $SIZES; do
     ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 --echo-endpoint ipc \
         >"$TMP/echoipc.$mib" 2>&1 || { cat "$TMP/echoipc.$mib"; exit 1; }
     m=0
-    for f in tp bm ipc echo echoipc; do
+    runs="tp bm ipc echo echoipc"
+    [ "$POOL_OFF" = 1 ] && runs="$runs tp0 bm0"
+    for f in $runs; do
         REF[$f]=$(ref <"$TMP/$f.$mib")
         m=$(awk -v a="$m" -v b="${REF[$f]}" 'BEGIN{print (a > b ? a : b)}')
     done
@@ -118,8 +136,12 @@ for mib in $SIZES; do
         "bytes_store|tp|store_bytes" "bytes_retrieve|tp|retrieve_bytes" \
         "bytes_store_ipc|ipc|store_bytes" "bytes_retr_ipc|ipc|retrieve_bytes" \
         "bytes_retr_frames|tp|retrieve_frames" "bytes_retr_fr_ipc|ipc|retrieve_frames" \
-        "zmq_echo|echo|zmq echo" "zmq_echo_ipc|echoipc|zmq echo"; do
+        "zmq_echo|echo|zmq echo" "zmq_echo_ipc|echoipc|zmq echo" \
+        "shm_store_nopool|tp0|store (shm)" "shm_retr_nopool|tp0|retrieve (shm)" \
+        "store_bm_nopool|bm0|store (shm)" "retr_bm_nopool|bm0|retrieve (shm)" \
+        "bytes_store_nopool|tp0|store_bytes" "bytes_retr_nopool|tp0|retrieve_bytes"; do
         IFS='|' read -r k f pfx <<<"$spec"
+        [ -f "$TMP/$f.$mib" ] || continue
         ROW[$mib,$k]=$(gbs "$pfx" <"$TMP/$f.$mib")
         RREF[$mib,$k]=${REF[$f]}
     done
@@ -133,6 +155,11 @@ for mib in $SIZES; do
 done
 
 echo "load average after:  $(cut -d' ' -f1-3 /proc/loadavg)"
+{ grep -h '^server: ' "$TMP"/tp.* | head -1 | sed 's/^server:/server (pool rows):/'; } || true
+if [ "$POOL_OFF" = 1 ]; then
+    { grep -h '^server: ' "$TMP"/tp0.* | head -1 | sed 's/^server:/server (*_nopool rows):/'; } || true
+fi
+
 echo "redis $(redis-server --version | awk '{print $3}'); GB/s (ratio to the single-thread memcpy of the same run;"
 echo "memcpy row and Redis: the highest memcpy of the size's runs)"
 printf "%-18s" "object"
@@ -140,7 +167,9 @@ for mib in $SIZES; do printf "%20s" "$mib MiB"; done
 echo
 for k in memcpy shm_store shm_retrieve shm_store_bm shm_retrieve_bm bytes_store bytes_retrieve \
     bytes_store_ipc bytes_retr_ipc bytes_retr_frames bytes_retr_fr_ipc zmq_echo zmq_echo_ipc \
-    redis_set redis_get; do
+    redis_set redis_get shm_store_nopool shm_retr_nopool store_bm_nopool retr_bm_nopool \
+    bytes_store_nopool bytes_retr_nopool; do
+    [ "$POOL_OFF" = 1 ] || case $k in *_nopool) continue ;; esac
     printf "%-18s" "$k"
     for mib in $SIZES; do
         v=${ROW[$mib,$k]:-}
@@ -165,5 +194,13 @@ ratio "retr_b_ipc/echo" bytes_retr_ipc zmq_echo_ipc
 ratio "retr_f/redis_get" bytes_retr_frames redis_get
 ratio "retr_f/echo" bytes_retr_frames zmq_echo
 ratio "retr_f_ipc/echo" bytes_retr_fr_ipc zmq_echo_ipc
+if [ "$POOL_OFF" = 1 ]; then
+    ratio "shm_store pool/off" shm_store shm_store_nopool
+    ratio "shm_retr pool/off" shm_retrieve shm_retr_nopool
+    ratio "store_bm pool/off" shm_store_bm store_bm_nopool
+    ratio "retr_bm pool/off" shm_retrieve_bm retr_bm_nopool
+    ratio "store_b pool/off" bytes_store bytes_store_nopool
+    ratio "retr_b pool/off" bytes_retrieve bytes_retr_nopool
+fi
 echo "minor page faults per phase (server / bench client):"
 sed -E 's/ +[0-9.]+ GB\/s .*minor faults: /: /; s/\)$//' "$TMP/faults"

@@ -264,10 +264,13 @@ static int chunk_md5(const struct shape *sh, unsigned char *base, uint64_t first
     return rc;
 }
 
-/* A tiny HTTP/1.1 POST over a plain socket (Connection: close, body read to EOF). Returns the
- * status code and the malloc'ed body in *body, or -1 with a message in err. */
+/* A tiny HTTP/1.1 request over a plain socket (Connection: close, body read to EOF; json NULL:
+ * a GET). Returns the status code and the malloc'ed body in *body, or -1 with a message in
+ * err. */
 static int http_post(const char *host, int port, const char *path, const char *json, char **body,
                      char *err, size_t errlen) {
+    const char *method = json ? "POST" : "GET";
+    if (!json) json = "";
     *body = NULL;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
@@ -295,9 +298,9 @@ static int http_post(const char *host, int port, const char *path, const char *j
     size_t jl = strlen(json);
     char hdr[512];
     int hl = snprintf(hdr, sizeof(hdr),
-                      "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                      "%s %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
                       "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                      path, host, port, jl);
+                      method, path, host, port, jl);
     int rc = -1;
     size_t cap = 65536, len = 0;
     char *buf = NULL;
@@ -357,6 +360,26 @@ out:
     free(buf);
     close(fd);
     return rc;
+}
+
+/* The server's data-plane threads from GET /config, printed with the results so a run with
+ * the copy pool and one without (--copy-threads 0) are told apart. Nothing without the admin
+ * port or when it does not answer. */
+static void print_server_threads(const struct opts *o) {
+    char *body = NULL, err[128];
+    if (o->http_port <= 0) return;
+    int status = http_post(o->http_host, o->http_port, "/config", NULL, &body, err, sizeof(err));
+    json_t *cfg = status == 200 && body ? json_loads(body, 0, NULL) : NULL;
+    json_t *mp = cfg ? json_object_get(cfg, "mp") : NULL;
+    json_t *w = json_object_get(mp, "max_workers"), *ct = json_object_get(mp, "copy_threads");
+    json_t *always = json_object_get(mp, "copy_threads_always");
+    if (json_is_integer(w) && json_is_integer(ct))
+        printf("server: --max-workers %lld, --copy-threads %lld%s%s\n",
+               (long long)json_integer_value(w), (long long)json_integer_value(ct),
+               json_integer_value(ct) < 0 ? " (one per CPU beyond the first, at most 8)" : "",
+               json_is_true(always) ? ", --copy-threads-always" : "");
+    json_decref(cfg);
+    free(body);
 }
 
 /* POST /cache/checksums for one prompt's blocks; fills nchunks hex digests. */
@@ -951,6 +974,7 @@ static int run_throughput(const struct opts *o) {
            o->clients, o->prompts, (unsigned long long)sh.nchunks, (unsigned long long)chunk,
            o->layers, o->kv_heads, o->head_dim, o->dtype_bytes, o->tokens_per_block, o->block_order,
            (double)sh.chunk_obj / MiB, ws / (1 << 30), o->bytes_path ? "twice that" : "it");
+    print_server_threads(o);
     double ref_before = bench_memcpy_gbps(0, 1.0);
 
     pthread_barrier_t bar;

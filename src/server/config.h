@@ -75,6 +75,14 @@ enum opt_type {
       "Tokens per cached chunk")                                                                   \
     X(max_workers, "max-workers", OPT_INT, "mp", "1", 1, 256, NULL, 0,                             \
       "Worker threads of the data plane")                                                          \
+    X(copy_threads, "copy-threads", OPT_INT, "mp", "-1", -1, 64, NULL, 0,                          \
+      "Helper threads (dp-copy-N) that split large shared-memory and bytes-path copies with the "  \
+      "data-plane workers; 0: every copy on its worker; -1: one per CPU beyond the first, at "     \
+      "most 8")                                                                                    \
+    X(copy_threads_always, "copy-threads-always", OPT_BOOL, "mp", "false", 0, -1, NULL, 0,         \
+      "Hand copies to the --copy-threads helpers even when no core is free (by default a copy "    \
+      "stays on its worker while the machine's runnable threads, from /proc/loadavg, fill every "  \
+      "CPU)")                                                                                      \
     X(max_message_mb, "max-message-mb", OPT_INT, "mp", "1024", 1, 65536, NULL, 0,                  \
       "Largest data-plane request payload in MiB")                                                 \
     X(max_reply_mb, "max-reply-mb", OPT_INT, "mp", "0", 0, 65536, NULL, 0,                         \

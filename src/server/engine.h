@@ -96,6 +96,9 @@ struct engine {
     struct session_table sessions;
     struct engine_dp_metrics dpm;
     struct logger *lg_dp;
+    /* helpers for the data plane's copies (set by the server before the data plane starts,
+     * which stops first; NULL: every copy runs on its dp-worker) */
+    struct copypool *copypool;
     /* L2: the configured adapters in configuration order (index 0 is primary); set before
      * ready, never changes after. */
     struct l2ctl *l2ctl; /* NULL without L2 adapters */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/errbuf.h"
+#include "server/copypool.h"
 
 void kvreg_init(struct kv_registry *r) {
     pthread_mutex_init(&r->lock, NULL);
@@ -516,37 +517,83 @@ unsigned char *kv_block_ptr(const struct kv_context *c, uint32_t layer, uint32_t
     return c->base + idx * block_bytes;
 }
 
+/* The object is a sequence of units, one per (K/V, layer, block of the chunk) in that order,
+ * each a block's tokens_per_block * bytes_per_token bytes: unit u = (k * layers + layer) *
+ * blocks + b. A byte range of the object maps to a run of (parts of) units, so any split of
+ * [0, object bytes) into ranges copies every byte exactly once. */
+struct unit_walk {
+    uint64_t bb;    /* bytes per unit */
+    uint32_t nb;    /* blocks per chunk */
+    uint64_t u;     /* current unit */
+    uint64_t inner; /* offset within it */
+};
+
+static void walk_init(struct unit_walk *w, const struct kv_context *c, uint32_t chunk_size,
+                      uint64_t from) {
+    const struct kv_layout *l = &c->layout;
+    w->bb = (uint64_t)l->tokens_per_block * l->bytes_per_token;
+    w->nb = chunk_size / l->tokens_per_block;
+    w->u = from / w->bb;
+    w->inner = from - w->u * w->bb;
+}
+
+/* (layer, kv, block of the chunk) of the current unit. */
+static void walk_unit(const struct unit_walk *w, const struct kv_context *c, uint32_t *layer,
+                      uint32_t *kv, uint32_t *b) {
+    uint64_t kl = w->u / w->nb;
+    *b = (uint32_t)(w->u - kl * w->nb);
+    *layer = (uint32_t)(kl % c->layout.num_layers);
+    *kv = (uint32_t)(kl / c->layout.num_layers);
+}
+
+void kv_gather_range(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                     unsigned char *obj, uint64_t from, uint64_t to) {
+    struct unit_walk w;
+    walk_init(&w, c, chunk_size, from);
+    while (from < to) {
+        uint32_t layer, kv, b;
+        walk_unit(&w, c, &layer, &kv, &b);
+        uint64_t len = w.bb - w.inner < to - from ? w.bb - w.inner : to - from;
+        memcpy(obj + from, kv_block_ptr(c, layer, kv, block_ids[b]) + w.inner, len);
+        from += len;
+        w.inner = 0;
+        w.u++;
+    }
+}
+
+void kv_scatter_range(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                      const unsigned char *obj, uint32_t skip_tokens, uint64_t from, uint64_t to) {
+    const struct kv_layout *l = &c->layout;
+    uint64_t bpt = l->bytes_per_token;
+    struct unit_walk w;
+    walk_init(&w, c, chunk_size, from);
+    while (from < to) {
+        uint32_t layer, kv, b;
+        walk_unit(&w, c, &layer, &kv, &b);
+        uint64_t len = w.bb - w.inner < to - from ? w.bb - w.inner : to - from;
+        /* the tokens of the block below skip_tokens are not written */
+        uint64_t first = (uint64_t)b * l->tokens_per_block;
+        uint64_t skipped = skip_tokens > first ? skip_tokens - first : 0;
+        if (skipped > l->tokens_per_block) skipped = l->tokens_per_block;
+        uint64_t s = skipped * bpt > w.inner ? skipped * bpt : w.inner;
+        if (s < w.inner + len)
+            memcpy(kv_block_ptr(c, layer, kv, block_ids[b]) + s, obj + (from - w.inner) + s,
+                   w.inner + len - s);
+        from += len;
+        w.inner = 0;
+        w.u++;
+    }
+}
+
 void kv_gather(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                unsigned char *obj) {
-    const struct kv_layout *l = &c->layout;
-    uint32_t nb = chunk_size / l->tokens_per_block;
-    uint64_t block_bytes = (uint64_t)l->tokens_per_block * l->bytes_per_token;
-    for (uint32_t k = 0; k < l->kv_count; k++)
-        for (uint32_t layer = 0; layer < l->num_layers; layer++) {
-            unsigned char *dst =
-                obj + ((uint64_t)k * l->num_layers + layer) * chunk_size * l->bytes_per_token;
-            for (uint32_t b = 0; b < nb; b++)
-                memcpy(dst + b * block_bytes, kv_block_ptr(c, layer, k, block_ids[b]), block_bytes);
-        }
+    kv_gather_range(c, chunk_size, block_ids, obj, 0, kv_object_bytes(&c->layout, chunk_size));
 }
 
 void kv_scatter(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                 const unsigned char *obj, uint32_t skip_tokens) {
-    const struct kv_layout *l = &c->layout;
-    uint32_t tpb = l->tokens_per_block, nb = chunk_size / tpb;
-    uint64_t bpt = l->bytes_per_token;
-    for (uint32_t k = 0; k < l->kv_count; k++)
-        for (uint32_t layer = 0; layer < l->num_layers; layer++) {
-            const unsigned char *src =
-                obj + ((uint64_t)k * l->num_layers + layer) * chunk_size * bpt;
-            for (uint32_t b = 0; b < nb; b++) {
-                uint32_t first = b * tpb;
-                if (first + tpb <= skip_tokens) continue;
-                uint32_t from = skip_tokens > first ? skip_tokens - first : 0;
-                memcpy(kv_block_ptr(c, layer, k, block_ids[b]) + from * bpt,
-                       src + ((uint64_t)first + from) * bpt, (uint64_t)(tpb - from) * bpt);
-            }
-        }
+    kv_scatter_range(c, chunk_size, block_ids, obj, skip_tokens, 0,
+                     kv_object_bytes(&c->layout, chunk_size));
 }
 
 /* ---- SIGBUS guard ---- */
@@ -582,6 +629,8 @@ int kv_guarded(void (*fn)(void *arg), void *arg) {
     return 0;
 }
 
+/* One guarded piece of a (possibly pooled) copy: bytes [i * piece, (i + 1) * piece) of the
+ * object. Each thread that runs a piece guards it itself (the SIGBUS guard is per thread). */
 struct copy_args {
     const struct kv_context *c;
     uint32_t chunk_size;
@@ -589,26 +638,52 @@ struct copy_args {
     unsigned char *obj;
     const unsigned char *cobj;
     uint32_t skip;
+    uint64_t total, piece;
+    uint64_t from, to; /* of the piece being run (per thread: a copy of the args) */
 };
 
 static void gather_cb(void *arg) {
     struct copy_args *a = arg;
-    kv_gather(a->c, a->chunk_size, a->ids, a->obj);
+    kv_gather_range(a->c, a->chunk_size, a->ids, a->obj, a->from, a->to);
 }
 
 static void scatter_cb(void *arg) {
     struct copy_args *a = arg;
-    kv_scatter(a->c, a->chunk_size, a->ids, a->cobj, a->skip);
+    kv_scatter_range(a->c, a->chunk_size, a->ids, a->cobj, a->skip, a->from, a->to);
+}
+
+static int piece_run(void *arg, uint32_t i) {
+    struct copy_args a = *(const struct copy_args *)arg;
+    a.from = (uint64_t)i * a.piece;
+    a.to = a.total - a.from < a.piece ? a.total : a.from + a.piece;
+    return kv_guarded(a.obj ? gather_cb : scatter_cb, &a);
+}
+
+static int copy_pooled(struct copypool *p, struct copy_args *a) {
+    uint32_t pieces;
+    a->total = kv_object_bytes(&a->c->layout, a->chunk_size);
+    a->piece = copypool_piece_bytes(p, a->total, &pieces);
+    return copypool_run(p, pieces, piece_run, a);
 }
 
 int kv_gather_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                       unsigned char *obj) {
-    struct copy_args a = {c, chunk_size, block_ids, obj, NULL, 0};
-    return kv_guarded(gather_cb, &a);
+    return kv_gather_pooled(NULL, c, chunk_size, block_ids, obj);
 }
 
 int kv_scatter_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                        const unsigned char *obj, uint32_t skip_tokens) {
-    struct copy_args a = {c, chunk_size, block_ids, NULL, obj, skip_tokens};
-    return kv_guarded(scatter_cb, &a);
+    return kv_scatter_pooled(NULL, c, chunk_size, block_ids, obj, skip_tokens);
+}
+
+int kv_gather_pooled(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
+                     const uint32_t *block_ids, unsigned char *obj) {
+    struct copy_args a = {c, chunk_size, block_ids, obj, NULL, 0, 0, 0, 0, 0};
+    return copy_pooled(p, &a);
+}
+
+int kv_scatter_pooled(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
+                      const uint32_t *block_ids, const unsigned char *obj, uint32_t skip_tokens) {
+    struct copy_args a = {c, chunk_size, block_ids, NULL, obj, skip_tokens, 0, 0, 0, 0};
+    return copy_pooled(p, &a);
 }

@@ -130,6 +130,12 @@ void kv_gather(const struct kv_context *c, uint32_t chunk_size, const uint32_t *
  * are not written. */
 void kv_scatter(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                 const unsigned char *obj, uint32_t skip_tokens);
+/* The same copies restricted to bytes [from, to) of the object (any split of the object into
+ * ranges copies every byte once; a copy pool runs the ranges on several threads). */
+void kv_gather_range(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                     unsigned char *obj, uint64_t from, uint64_t to);
+void kv_scatter_range(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
+                      const unsigned char *obj, uint32_t skip_tokens, uint64_t from, uint64_t to);
 /* The engine owns its shared memory and may shrink it under us: a copy touching pages beyond
  * the object's new end gets SIGBUS. kv_guard_init installs a handler that turns such a fault,
  * inside a guarded region of the same thread, into a failed call; other SIGBUS stay fatal.
@@ -139,6 +145,15 @@ int kv_gather_guarded(const struct kv_context *c, uint32_t chunk_size, const uin
                       unsigned char *obj);
 int kv_scatter_guarded(const struct kv_context *c, uint32_t chunk_size, const uint32_t *block_ids,
                        const unsigned char *obj, uint32_t skip_tokens);
+/* The guarded copies split between the caller and a copy pool (p NULL, or a copy below
+ * COPYPOOL_MIN_BYTES: on the caller alone). Every piece is guarded on the thread that runs it;
+ * returns when all pieces are done: 0, or -1 when any faulted (the copy is partial). The
+ * caller's L1 lease or read lock covers the helpers' work, since they are done by then. */
+struct copypool;
+int kv_gather_pooled(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
+                     const uint32_t *block_ids, unsigned char *obj);
+int kv_scatter_pooled(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
+                      const uint32_t *block_ids, const unsigned char *obj, uint32_t skip_tokens);
 /* Runs fn(arg) with the guard; 0, or -1 when it faulted on a mapping. */
 int kv_guarded(void (*fn)(void *arg), void *arg);
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/errbuf.h"
 #include "base/log.h"
@@ -16,6 +17,7 @@
 #include "base/stackdump.h"
 #include "server/admin/http.h"
 #include "server/config.h"
+#include "server/copypool.h"
 #include "server/dataplane/dataplane.h"
 #include "server/engine.h"
 #include "server/fleet/kvevents.h"
@@ -25,6 +27,15 @@
 static const char *const LOGGERS[] = {"lmcache",          "lmcache.server", "lmcache.http",
                                       "lmcache.l1",       "lmcache.l2",     "lmcache.zmq",
                                       "lmcache.periodic", "lmcache.master"};
+
+/* --copy-threads: -1 is one helper per online CPU beyond the first (the worker's own), at most
+ * 8 (a single client's copy gains little past memory bandwidth). */
+static unsigned server_copy_threads(long opt) {
+    if (opt >= 0) return (unsigned)opt;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu <= 1) return 0;
+    return ncpu - 1 > 8 ? 8u : (unsigned)(ncpu - 1);
+}
 
 int server_main(int argc, char **argv) {
     char err[512];
@@ -142,10 +153,32 @@ int server_main(int argc, char **argv) {
         config_free(&cfg);
         return 1;
     }
+    /* The copy helpers start before the data plane and stop after it: no copy is running
+     * once dataplane_stop returned. */
+    unsigned copy_threads = server_copy_threads(cfg.copy_threads);
+    struct copypool *copypool = copypool_start(copy_threads, err, sizeof(err));
+    if (!copypool) {
+        log_error(lg, "engine failed to start: %s", err);
+        admin_stop(admin, 1.0);
+        engine_destroy(&engine);
+        reporter_free(reporter);
+        kvevents_free(kvev);
+        config_free(&cfg);
+        return 1;
+    }
+    /* helpers only where a core is free (a shared machine's other load included) */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!cfg.copy_threads_always)
+        copypool_set_gate(copypool, copypool_runnable_proc, NULL, ncpu > 0 ? (unsigned)ncpu : 1);
+    engine.copypool = copypool;
+    log_info(lg, "copy pool: %u helper threads (--copy-threads %ld)%s", copy_threads,
+             cfg.copy_threads, cfg.copy_threads_always ? "" : ", used while a core is free");
     struct dataplane *dp = dataplane_start(&engine, cfg.host, (int)cfg.port, (int)cfg.max_workers,
                                            (size_t)cfg.max_message_mb << 20, err, sizeof(err));
     if (!dp) {
         log_error(lg, "engine failed to start: data socket: %s", err);
+        engine.copypool = NULL;
+        copypool_stop(copypool);
         admin_stop(admin, 1.0);
         engine_destroy(&engine);
         reporter_free(reporter);
@@ -174,6 +207,15 @@ int server_main(int argc, char **argv) {
     reporter_stop(reporter); /* routers stop sending requests here first: unregister */
     kvevents_stop(kvev);
     dataplane_stop(dp);
+    engine.copypool = NULL;
+    struct copypool_stats cps;
+    copypool_get_stats(copypool, &cps);
+    log_info(lg,
+             "copy pool: %llu copies split with the helpers (%llu pieces copied by them), %llu "
+             "kept on their worker as no core was free",
+             (unsigned long long)cps.jobs, (unsigned long long)cps.helper_pieces,
+             (unsigned long long)cps.gated);
+    copypool_stop(copypool);
     engine_destroy(&engine);
     reporter_free(reporter);
     kvevents_free(kvev);

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/ratelimit.h"
+#include "server/copypool.h"
 #include "server/dataplane/dataplane.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
@@ -436,6 +437,7 @@ static void observe_throughput(struct engine *e, int store, const char *model, u
 
 /* store: chunks gathered from a registered engine cache. */
 struct gather_src {
+    struct copypool *pool;
     const struct kv_context *c;
     uint32_t cs, per;
     const uint32_t *blocks;
@@ -449,17 +451,23 @@ static uint64_t gather_size(void *arg, uint32_t i) {
 
 static int gather_fill(void *arg, uint32_t i, void *dst) {
     const struct gather_src *g = arg;
-    return kv_gather_guarded(g->c, g->cs, g->blocks + (size_t)i * g->per, dst);
+    return kv_gather_pooled(g->pool, g->c, g->cs, g->blocks + (size_t)i * g->per, dst);
 }
 
 /* store_bytes: chunks carried in the message (msgpack bins). */
+struct bin_src {
+    struct copypool *pool;
+    const msgpack_object *chunks;
+};
+
 static uint64_t bin_size(void *arg, uint32_t i) {
-    return ((const msgpack_object *)arg)[i].via.bin.size;
+    return ((const struct bin_src *)arg)->chunks[i].via.bin.size;
 }
 
 static int bin_fill(void *arg, uint32_t i, void *dst) {
-    const msgpack_object *b = &((const msgpack_object *)arg)[i];
-    memcpy(dst, b->via.bin.ptr, b->via.bin.size);
+    const struct bin_src *s = arg;
+    const msgpack_object *b = &s->chunks[i];
+    copypool_memcpy(s->pool, dst, b->via.bin.ptr, b->via.bin.size);
     return 0;
 }
 
@@ -485,7 +493,7 @@ static int op_store(struct op_ctx *o) {
     if (parse_blocks(o, c, &cr, &blocks) < 0) goto out;
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t t0 = clock_mono_ns();
-    struct gather_src gs = {c, cs, per, blocks};
+    struct gather_src gs = {o->e->copypool, c, cs, per, blocks};
     struct engine_source src = {gather_size, gather_fill, &gs, true, 0};
     if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
@@ -553,8 +561,9 @@ static int op_retrieve(struct op_ctx *o) {
         uint32_t skip_in_chunk = (uint64_t)skip > first
                                      ? (uint32_t)((uint64_t)skip - first > cs ? cs : skip - first)
                                      : 0;
-        int bad = kv_scatter_guarded(c, cs, blocks + (size_t)(ch - cr.start_chunk) * per, ref.data,
-                                     skip_in_chunk);
+        int bad =
+            kv_scatter_pooled(o->e->copypool, c, cs, blocks + (size_t)(ch - cr.start_chunk) * per,
+                              ref.data, skip_in_chunk);
         engine_read_done(o->e, &ref, clock_mono_ns());
         if (bad) {
             dp_fail(o->err, DP_SHM_ERROR, SHRUNK);
@@ -628,7 +637,8 @@ static int op_store_bytes(struct op_ctx *o) {
             }
     }
     uint64_t t0 = clock_mono_ns();
-    struct engine_source src = {bin_size, bin_fill, (void *)chunks, false, 0};
+    struct bin_src bs = {o->e->copypool, chunks};
+    struct engine_source src = {bin_size, bin_fill, &bs, false, 0};
     if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, model, ws, rank, &src, o->now, &res, o->err->message,
@@ -652,6 +662,18 @@ out:
 uint64_t dp_max_reply_bytes(const struct server_config *cfg) {
     long mb = cfg->max_reply_mb > 0 ? cfg->max_reply_mb : cfg->max_message_mb;
     return (uint64_t)mb << 20;
+}
+
+/* The body of a bin into the reply (reserved beforehand): copied straight into the buffer,
+ * split with the copy pool. */
+static void reply_bin_body(struct op_ctx *o, const void *data, uint64_t size) {
+    msgpack_sbuffer *b = &o->r->buf;
+    if (b->alloc - b->size < size) { /* not reserved: msgpack grows the buffer */
+        msgpack_pack_bin_body(&o->r->pk, data, (size_t)size);
+        return;
+    }
+    copypool_memcpy(o->e->copypool, b->data + b->size, data, (size_t)size);
+    b->size += (size_t)size;
 }
 
 /* Frame release callbacks (run by libzmq's I/O thread, or the sender when a send fails). */
@@ -685,7 +707,7 @@ static int chunk_frames(struct op_ctx *o, const struct engine_ref *refs, uint32_
             dp_frames_release(fr, i);
             goto oom;
         }
-        memcpy(c, refs[i].data, refs[i].size);
+        copypool_memcpy(o->e->copypool, c, refs[i].data, refs[i].size);
         fr[i] = (struct dp_frame){c, refs[i].size, release_copy, NULL};
         (*copied)++;
     }
@@ -755,7 +777,7 @@ static int op_retrieve_bytes(struct op_ctx *o) {
         msgpack_pack_array(&o->r->pk, got);
         for (uint32_t i = 0; i < got; i++) {
             msgpack_pack_bin(&o->r->pk, refs[i].size);
-            msgpack_pack_bin_body(&o->r->pk, refs[i].data, refs[i].size);
+            reply_bin_body(o, refs[i].data, refs[i].size);
         }
     }
     observe_throughput(o->e, 0, model, bytes, t0);
