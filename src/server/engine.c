@@ -862,9 +862,10 @@ static bool resident_size_is(struct engine *e, const struct l1_key *key, uint64_
  * writes it) or *deadline passed (L1_ERR_BUSY). L1 has no wake-up for this, so the wait polls
  * with a growing sleep (a chunk copy takes micro- to milliseconds). With replace, a resident
  * object of another size is deleted (once no one reads it) and written again. *deadline is 0
- * until the first wait of the call sets it, so one call waits ENGINE_STORE_WAIT_NS at most. */
+ * until the first wait of the call sets it, so one call waits ENGINE_STORE_WAIT_NS at most.
+ * wait false: L1_ERR_BUSY at once instead of waiting. */
 static int reserve_or_wait(struct engine *e, const struct l1_key *key, uint64_t size, bool replace,
-                           uint64_t *deadline, struct l1_ref *ref) {
+                           bool wait, uint64_t *deadline, struct l1_ref *ref) {
     long sleep_ns = 20 * 1000;
     for (;;) {
         uint64_t now = clock_mono_ns();
@@ -873,7 +874,7 @@ static int reserve_or_wait(struct engine *e, const struct l1_key *key, uint64_t 
             if (l1_delete(e->l1, key, false, now) == L1_OK) continue;
             w = L1_ERR_BUSY; /* read-locked: wait for its readers */
         }
-        if (w != L1_ERR_BUSY) return w;
+        if (w != L1_ERR_BUSY || !wait) return w;
         if (!*deadline) *deadline = now + ENGINE_STORE_WAIT_NS;
         if (now >= *deadline) return L1_ERR_BUSY;
         struct timespec ts = {0, sleep_ns};
@@ -882,35 +883,113 @@ static int reserve_or_wait(struct engine *e, const struct l1_key *key, uint64_t 
     }
 }
 
+/* The chunks a store reserved and has not filled yet. */
+struct store_batch {
+    uint32_t n;
+    uint64_t bytes;
+    uint32_t idx[ENGINE_STORE_BATCH];
+    void *dst[ENGINE_STORE_BATCH];
+    uint64_t size[ENGINE_STORE_BATCH];
+    struct l1_key key[ENGINE_STORE_BATCH];
+    struct l1_ref ref[ENGINE_STORE_BATCH];
+    struct keys_object_key okey[ENGINE_STORE_BATCH];
+    /* what was admitted, for the write-through (NULL: none) */
+    struct keys_object_key *wt_keys;
+    struct l1_key *wt_l1keys;
+    size_t nwt;
+};
+
+/* Fills the batch (one fill_many, or chunk by chunk), then finishes the writes of the chunks
+ * filled and aborts the others. ENGINE_OK, or ENGINE_ERR_SOURCE with err. */
+static int store_flush(struct engine *e, const struct engine_prompt *p,
+                       const struct engine_source *src, struct store_batch *b,
+                       struct engine_store_result *res, char *err, size_t errlen) {
+    uint32_t done = 0;
+    int bad = 0;
+    if (b->n == 0) return ENGINE_OK;
+    if (src->fill_many && b->n > 1) {
+        bad = src->fill_many(src->arg, b->idx, b->dst, b->n, &done) != 0;
+        if (!bad) done = b->n;
+        if (done >= b->n) done = bad ? b->n - 1 : b->n;
+    } else {
+        for (; done < b->n; done++)
+            if (src->fill(src->arg, b->idx[done], b->dst[done]) < 0) {
+                bad = 1;
+                break;
+            }
+    }
+    uint64_t now = clock_mono_ns();
+    for (uint32_t j = 0; j < b->n; j++) {
+        if (j >= done) {
+            l1_abort_write(e->l1, &b->key[j], b->ref[j].token);
+            continue;
+        }
+        if (l1_finish_write(e->l1, &b->key[j], b->ref[j].token, 0, now) == L1_OK) {
+            res->stored++;
+            res->bytes += b->size[j];
+            if (b->wt_keys) {
+                b->wt_keys[b->nwt] = b->okey[j];
+                b->wt_l1keys[b->nwt++] = b->key[j];
+            }
+        }
+    }
+    b->n = 0;
+    b->bytes = 0;
+    if (!bad) return ENGINE_OK;
+    errbuf_set(err, errlen, "chunk %u could not be read from its source",
+               p->start_chunk + b->idx[done]);
+    return ENGINE_ERR_SOURCE;
+}
+
 int engine_store(struct engine *e, const struct engine_prompt *p, const char *model,
                  uint32_t world_size, uint32_t rank, const struct engine_source *src,
                  uint64_t now_ns, struct engine_store_result *res, char *err, size_t errlen) {
     uint32_t n = p->end_chunk - p->start_chunk;
-    struct keys_object_key *wt_keys = NULL; /* what was admitted, for the write-through */
-    struct l1_key *wt_l1keys = NULL;
-    size_t nwt = 0;
     int rc = ENGINE_OK;
     uint64_t wait_deadline = 0; /* set at the first wait */
+    (void)now_ns;
     memset(res, 0, sizeof(*res));
+    /* Reserved chunks are filled in batches (one copy job for several chunks). A batch is
+     * filled before this call waits for another writer or retries a full L1, so it never
+     * holds reservations while it waits, and L1 may evict what it stored before; a failure
+     * fills the batch first, so the chunks before it stay stored as chunk by chunk. */
+    uint64_t batch_bytes = (uint64_t)(e->cfg->l1_size_gb * (double)(1ull << 30)) / 8;
+    if (batch_bytes > ENGINE_STORE_BATCH_BYTES) batch_bytes = ENGINE_STORE_BATCH_BYTES;
+    struct store_batch *b = calloc(1, sizeof(*b));
+    if (!b) {
+        errbuf_set(err, errlen, "out of memory");
+        return ENGINE_ERR_FULL;
+    }
     if (e->l2ctl && n) {
-        wt_keys = malloc((size_t)n * sizeof(*wt_keys));
-        wt_l1keys = malloc((size_t)n * sizeof(*wt_l1keys));
-        if (!wt_keys || !wt_l1keys) { /* write-through is best effort; the store goes on */
-            free(wt_keys);
-            free(wt_l1keys);
-            wt_keys = NULL;
-            wt_l1keys = NULL;
+        b->wt_keys = malloc((size_t)n * sizeof(*b->wt_keys));
+        b->wt_l1keys = malloc((size_t)n * sizeof(*b->wt_l1keys));
+        if (!b->wt_keys || !b->wt_l1keys) { /* write-through is best effort; the store goes on */
+            free(b->wt_keys);
+            free(b->wt_l1keys);
+            b->wt_keys = NULL;
+            b->wt_l1keys = NULL;
         }
     }
     for (uint32_t c = p->start_chunk; c < p->end_chunk; c++) {
         uint32_t i = c - p->start_chunk;
         struct l1_key key;
         struct l1_ref ref;
-        rc = prompt_key(e, p, c, model, world_size, rank, true, wt_keys ? &wt_keys[nwt] : NULL,
-                        &key, err, errlen);
-        if (rc != ENGINE_OK) goto out;
+        struct keys_object_key okey;
+        rc = prompt_key(e, p, c, model, world_size, rank, true, b->wt_keys ? &okey : NULL, &key,
+                        err, errlen);
+        if (rc != ENGINE_OK) break;
         uint64_t size = src->size(src->arg, i);
-        int w = reserve_or_wait(e, &key, size, src->replace, &wait_deadline, &ref);
+        if (b->n && (b->n == ENGINE_STORE_BATCH || b->bytes + size > batch_bytes)) {
+            rc = store_flush(e, p, src, b, res, err, errlen);
+            if (rc != ENGINE_OK) break;
+        }
+        int w = reserve_or_wait(e, &key, size, src->replace, b->n == 0, &wait_deadline, &ref);
+        if (b->n && (w == L1_ERR_BUSY || w == L1_ERR_NOMEM)) {
+            /* fill what is reserved, then wait (or let L1 evict it) */
+            rc = store_flush(e, p, src, b, res, err, errlen);
+            if (rc != ENGINE_OK) break;
+            w = reserve_or_wait(e, &key, size, src->replace, true, &wait_deadline, &ref);
+        }
         if (w == L1_EXISTS) { /* resident (written before, or by the writer we waited for) */
             res->skipped++;
             continue;
@@ -924,24 +1003,30 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
             rc = w == L1_ERR_NOMEM            ? ENGINE_ERR_FULL
                  : w == L1_ERR_TOO_MANY_NAMES ? ENGINE_ERR_TOO_MANY_NAMES
                                               : ENGINE_ERR_INVAL;
-            goto out;
+            break;
         }
-        if (src->fill(src->arg, i, ref.data) < 0) {
-            l1_abort_write(e->l1, &key, ref.token);
-            errbuf_set(err, errlen, "chunk %u could not be read from its source", c);
-            rc = ENGINE_ERR_SOURCE;
-            goto out;
-        }
-        if (l1_finish_write(e->l1, &key, ref.token, 0, clock_mono_ns()) == L1_OK) {
-            res->stored++;
-            res->bytes += size;
-            if (wt_keys) wt_l1keys[nwt++] = key;
+        b->idx[b->n] = i;
+        b->dst[b->n] = ref.data;
+        b->size[b->n] = size;
+        b->key[b->n] = key;
+        b->ref[b->n] = ref;
+        if (b->wt_keys) b->okey[b->n] = okey;
+        b->n++;
+        b->bytes += size;
+    }
+    if (b->n) { /* the chunks before a failure are stored; a fill failure among them wins */
+        char ferr[256];
+        int frc = store_flush(e, p, src, b, res, ferr, sizeof(ferr));
+        if (frc != ENGINE_OK) {
+            rc = frc;
+            errbuf_set(err, errlen, "%s", ferr);
         }
     }
-out:
-    if (nwt) res->l2_stored = l2_store_and_wait(e, wt_keys, wt_l1keys, nwt, src->wait_l2_ns);
-    free(wt_keys);
-    free(wt_l1keys);
+    if (b->nwt)
+        res->l2_stored = l2_store_and_wait(e, b->wt_keys, b->wt_l1keys, b->nwt, src->wait_l2_ns);
+    free(b->wt_keys);
+    free(b->wt_l1keys);
+    free(b);
     return rc;
 }
 

@@ -206,7 +206,16 @@ struct engine_source {
     void *arg;
     bool replace;
     uint64_t wait_l2_ns; /* > 0: wait up to this long for the write-through of what is stored */
+    /* Optional: fills n chunks at once (idx[j] into dsts[j], idx ascending), e.g. as one copy
+     * job; 0, or -1 when chunk idx[*done] could not be read (those before it are filled).
+     * Without it, fill is called chunk by chunk. */
+    int (*fill_many)(void *arg, const uint32_t *idx, void *const *dsts, uint32_t n, uint32_t *done);
 };
+
+/* Chunks (and bytes: at most an eighth of L1) engine_store holds reserved before filling
+ * them as one batch. */
+#define ENGINE_STORE_BATCH       32u
+#define ENGINE_STORE_BATCH_BYTES (64ull << 20)
 
 /* How long engine_store waits, in total per call, for other requests writing the same chunks. */
 #define ENGINE_STORE_WAIT_NS (2000ull * 1000 * 1000)

@@ -10,6 +10,7 @@
 #include <openssl/rand.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -686,4 +687,75 @@ int kv_scatter_pooled(struct copypool *p, const struct kv_context *c, uint32_t c
                       const uint32_t *block_ids, const unsigned char *obj, uint32_t skip_tokens) {
     struct copy_args a = {c, chunk_size, block_ids, NULL, obj, skip_tokens, 0, 0, 0, 0};
     return copy_pooled(p, &a);
+}
+
+/* ---- several chunks as one pooled job ---- */
+
+struct many_args {
+    const struct kv_context *c;
+    uint32_t chunk_size;
+    const uint32_t *const *ids;
+    unsigned char *const *objs;        /* gather */
+    const unsigned char *const *cobjs; /* scatter */
+    const uint32_t *skips;
+    uint64_t total, piece;
+    uint32_t ppc;               /* pieces per chunk */
+    _Atomic uint32_t first_bad; /* lowest chunk that faulted (n: none) */
+};
+
+static int many_piece(void *arg, uint32_t i) {
+    struct many_args *m = arg;
+    uint32_t ch = i / m->ppc;
+    /* a chunk after a faulted one is not needed; an earlier one must be completed */
+    if (ch > atomic_load_explicit(&m->first_bad, memory_order_relaxed)) return 0;
+    struct copy_args a = {m->c,
+                          m->chunk_size,
+                          m->ids[ch],
+                          m->objs ? m->objs[ch] : NULL,
+                          m->cobjs ? m->cobjs[ch] : NULL,
+                          m->skips ? m->skips[ch] : 0,
+                          m->total,
+                          m->piece,
+                          0,
+                          0};
+    a.from = (uint64_t)(i % m->ppc) * m->piece;
+    a.to = m->total - a.from < m->piece ? m->total : a.from + m->piece;
+    if (kv_guarded(a.obj ? gather_cb : scatter_cb, &a) != 0) {
+        uint32_t cur = atomic_load_explicit(&m->first_bad, memory_order_relaxed);
+        while (ch < cur && !atomic_compare_exchange_weak_explicit(
+                               &m->first_bad, &cur, ch, memory_order_relaxed, memory_order_relaxed))
+            ;
+    }
+    return 0; /* never stops the job: the chunks before a fault must be completed */
+}
+
+static int copy_many(struct copypool *p, struct many_args *m, uint32_t n, uint32_t *done) {
+    *done = 0;
+    if (n == 0) return 0;
+    m->total = kv_object_bytes(&m->c->layout, m->chunk_size);
+    uint32_t pieces;
+    m->piece = copypool_piece_bytes(p, m->total * n, &pieces);
+    if (m->piece > m->total) m->piece = m->total ? m->total : 1;
+    m->ppc = (uint32_t)((m->total + m->piece - 1) / m->piece);
+    if (m->ppc == 0) m->ppc = 1;
+    atomic_init(&m->first_bad, n);
+    if ((uint64_t)m->ppc * n > UINT32_MAX) return -1; /* not reachable with bounded requests */
+    copypool_run(p, m->ppc * n, many_piece, m);
+    *done = atomic_load(&m->first_bad);
+    return *done == n ? 0 : -1;
+}
+
+int kv_gather_many(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
+                   const uint32_t *const *block_ids, unsigned char *const *objs, uint32_t n,
+                   uint32_t *done) {
+    struct many_args m = {.c = c, .chunk_size = chunk_size, .ids = block_ids, .objs = objs};
+    return copy_many(p, &m, n, done);
+}
+
+int kv_scatter_many(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
+                    const uint32_t *const *block_ids, const unsigned char *const *objs,
+                    const uint32_t *skips, uint32_t n, uint32_t *done) {
+    struct many_args m = {
+        .c = c, .chunk_size = chunk_size, .ids = block_ids, .cobjs = objs, .skips = skips};
+    return copy_many(p, &m, n, done);
 }

@@ -154,6 +154,18 @@ int kv_gather_pooled(struct copypool *p, const struct kv_context *c, uint32_t ch
                      const uint32_t *block_ids, unsigned char *obj);
 int kv_scatter_pooled(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
                       const uint32_t *block_ids, const unsigned char *obj, uint32_t skip_tokens);
+/* The guarded copies of n chunks of one request as a single pooled job (one wake-up of the
+ * helpers and one wait for the last piece per batch, not per chunk; pieces never straddle a
+ * chunk). Chunk j uses the blocks block_ids[j] and objs[j] (scatter: skips[j] tokens, skips
+ * NULL: none). Returns 0 with *done = n, or -1 when a piece of chunk
+ * *done faulted: chunks [0, *done) are complete, the later ones may be partial (their pieces
+ * are skipped once a fault is seen, those of earlier chunks never are). */
+int kv_gather_many(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
+                   const uint32_t *const *block_ids, unsigned char *const *objs, uint32_t n,
+                   uint32_t *done);
+int kv_scatter_many(struct copypool *p, const struct kv_context *c, uint32_t chunk_size,
+                    const uint32_t *const *block_ids, const unsigned char *const *objs,
+                    const uint32_t *skips, uint32_t n, uint32_t *done);
 /* Runs fn(arg) with the guard; 0, or -1 when it faulted on a mapping. */
 int kv_guarded(void (*fn)(void *arg), void *arg);
 

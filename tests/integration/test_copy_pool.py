@@ -3,6 +3,7 @@ split between the data-plane worker and the dp-copy helpers, round-trip byte for
 shared memory (both block orders, with skipped tokens) and through the bytes path, with the pool
 off, small and larger, and with concurrent clients; a bad block id or a shrunk mapping still
 fails the whole request."""
+import mmap
 import os
 import threading
 
@@ -187,6 +188,60 @@ def test_shrunk_mapping_fails_a_pooled_copy_not_the_server(dp):
         assert c.call("noop")["result"] == "OK"
     finally:
         c.close()
+        kv.mem = None
+        os.close(kv.fd)
+        os.unlink("/dev/shm" + kv.name)
+
+
+def test_a_requests_chunks_are_one_pool_job(dp):
+    """The chunks of a store and of a retrieve are copied as one pool job per request, not one
+    per chunk (the pool's counters, logged at shutdown)."""
+    s, c = dp("--copy-threads", "1", "--copy-threads-always")
+    kv = ShmKVOrder("layer_major")
+    try:
+        shm_round_trip(c, kv, 4, 77)  # one store and one retrieve of 3 chunks of 2 MiB
+    finally:
+        c.close()
+        kv.close()
+    s.stop()
+    assert "copy pool: 2 copies split with the helpers" in s.output()
+
+
+def test_shrunk_mapping_mid_request_keeps_the_chunks_before(dp):
+    """A mapping that shrank under the second chunk of a batched copy: the first chunk is stored
+    (or copied back) whole, the later ones are not counted; the request is shm_error."""
+    s, c = dp("--copy-threads", "1", "--copy-threads-always")
+    kv = ShmKVOrder("block_major")  # block b: one contiguous region
+    per = CHUNK // kv.tpb
+    region = kv.layers * kv.kv * kv.block_bytes
+    try:
+        c.call("register_kv_cache", instance_id=5, model_name="m", **kv.layout())
+        toks = random_prompt(11, 3, CHUNK)
+        c.call("store", instance_id=5, token_ids=toks, block_ids=list(range(3 * per)))
+        src = [kv.tokens(b) for b in range(per)]
+        kv.mem.close()
+        os.ftruncate(kv.fd, (3 * per + per) * region)  # blocks from 4 * per on are gone
+        kv.mem = None
+        r = c.raw("retrieve", {"instance_id": 5, "token_ids": toks,
+                               "block_ids": list(range(3 * per, 6 * per))})
+        assert r["ok"] is False and r["code"] == "shm_error"
+        kv.mem = mmap.mmap(kv.fd, (3 * per + per) * region)
+        assert [kv.tokens(b) for b in range(3 * per, 4 * per)] == src  # chunk 0 copied whole
+        toks2 = random_prompt(12, 3, CHUNK)
+        r = c.raw("store", {"instance_id": 5, "token_ids": toks2,
+                            "block_ids": list(range(3 * per, 6 * per))})
+        assert r["ok"] is False and r["code"] == "shm_error"
+        assert s.get("/status").json()["storage_manager"]["l1"]["objects"] == 4  # 3 + chunk 0
+        kv.mem[3 * per * region:4 * per * region] = b"\0" * (per * region)
+        r = c.call("retrieve", instance_id=5, token_ids=toks2[:CHUNK],
+                   block_ids=list(range(3 * per, 4 * per)))
+        assert r["retrieved_chunks"] == 1
+        assert [kv.tokens(b) for b in range(3 * per, 4 * per)] == src  # the same bytes stored
+        assert c.call("noop")["result"] == "OK"
+    finally:
+        c.close()
+        if kv.mem is not None:
+            kv.mem.close()
         kv.mem = None
         os.close(kv.fd)
         os.unlink("/dev/shm" + kv.name)

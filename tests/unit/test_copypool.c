@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -398,6 +400,129 @@ static void check_case(const struct kv_case *k, struct copypool *p) {
     free(ref);
 }
 
+/* Several chunks as one job: every chunk's bytes as chunk by chunk (gather, and scatter with a
+ * skip per chunk), one pool job for all of them. */
+static void test_kv_many_chunks_one_job(void **state) {
+    (void)state;
+    char err[128];
+    struct copypool *p1 = copypool_start(1, err, sizeof(err));
+    assert_non_null(p1);
+    struct copypool *pools[] = {NULL, p1};
+    enum { N = 3 };
+    const struct kv_case cases[] = {
+        {KV_LAYER_MAJOR, 3, 48, 16, 2, 256, 2048}, /* 3 MiB objects */
+        {KV_BLOCK_MAJOR, 37, 33, 3, 2, 9, 1000},   /* 666000-byte objects, odd units */
+        {KV_LAYER_MAJOR, 2, 15, 2, 2, 4, 7},       /* small: on the caller */
+    };
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
+        for (size_t pi = 0; pi < 2; pi++) {
+            const struct kv_case *k = &cases[ci];
+            struct kv_context c;
+            memset(&c, 0, sizeof(c));
+            c.layout =
+                (struct kv_layout){k->layers, k->blocks, k->tpb, k->bpt, k->kv_count, k->order, ""};
+            size_t total = kv_layout_bytes(&c.layout), ob = kv_object_bytes(&c.layout, k->cs);
+            uint32_t nb = k->cs / k->tpb;
+            assert_true(N * nb <= k->blocks);
+            uint32_t *ids = malloc((size_t)N * nb * sizeof(*ids));
+            unsigned char *base = malloc(total), *want = malloc(total);
+            unsigned char *objs[N], *refs[N];
+            const uint32_t *idp[N];
+            assert_true(ids && base && want);
+            for (uint32_t b = 0; b < N * nb; b++) ids[b] = (b * 7 + 3) % k->blocks; /* distinct */
+            for (int j = 0; j < N; j++) {
+                objs[j] = malloc(ob);
+                refs[j] = malloc(ob);
+                assert_true(objs[j] && refs[j]);
+                idp[j] = ids + (size_t)j * nb;
+            }
+            fill(base, total, 11);
+            c.base = base;
+            for (int j = 0; j < N; j++) {
+                ref_copy(&c, k->cs, idp[j], refs[j], 1, 0);
+                memset(objs[j], 0xEE, ob);
+            }
+            struct copypool_stats st0, st1;
+            copypool_get_stats(pools[pi], &st0);
+            uint32_t done = 99;
+            assert_int_equal(kv_gather_many(pools[pi], &c, k->cs, idp, objs, N, &done), 0);
+            assert_int_equal(done, N);
+            copypool_get_stats(pools[pi], &st1);
+            if (pools[pi] && (uint64_t)N * ob >= COPYPOOL_MIN_BYTES)
+                assert_int_equal(st1.jobs - st0.jobs, 1); /* one job, not one per chunk */
+            for (int j = 0; j < N; j++) assert_memory_equal(objs[j], refs[j], ob);
+
+            const uint32_t skips[N] = {0, k->tpb + 1, k->cs};
+            for (int j = 0; j < N; j++) fill(objs[j], ob, 20 + (unsigned)j);
+            fill(base, total, 12);
+            memcpy(want, base, total);
+            c.base = want;
+            for (int j = 0; j < N; j++) ref_copy(&c, k->cs, idp[j], objs[j], 0, skips[j]);
+            c.base = base;
+            done = 99;
+            assert_int_equal(kv_scatter_many(pools[pi], &c, k->cs, idp,
+                                             (const unsigned char *const *)objs, skips, N, &done),
+                             0);
+            assert_int_equal(done, N);
+            assert_memory_equal(base, want, total);
+            for (int j = 0; j < N; j++) {
+                free(objs[j]);
+                free(refs[j]);
+            }
+            free(ids);
+            free(base);
+            free(want);
+        }
+    copypool_stop(p1);
+}
+
+/* A mapping that shrank under chunk 1 of 3: the call fails naming chunk 1, chunk 0 is complete
+ * (its pieces are never skipped for the fault of a later chunk). */
+static void test_kv_many_fault_keeps_the_chunks_before(void **state) {
+    (void)state;
+    char err[128];
+    assert_int_equal(kv_guard_init(), 0);
+    struct copypool *p1 = copypool_start(1, err, sizeof(err));
+    assert_non_null(p1);
+    struct copypool *pools[] = {NULL, p1};
+    for (size_t pi = 0; pi < 2; pi++) {
+        struct kv_context c;
+        memset(&c, 0, sizeof(c));
+        /* layer-major, 1 layer, K only: block b is bytes [b * 64 KiB, (b + 1) * 64 KiB) */
+        c.layout = (struct kv_layout){1, 48, 16, 4096, 1, KV_LAYER_MAJOR, ""};
+        size_t total = kv_layout_bytes(&c.layout), ob = kv_object_bytes(&c.layout, 256);
+        int fd = memfd_create("kvmany", 0);
+        assert_true(fd >= 0);
+        assert_int_equal(ftruncate(fd, (off_t)total), 0);
+        unsigned char *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        assert_true(m != MAP_FAILED);
+        fill(m, total / 2, 5);
+        assert_int_equal(ftruncate(fd, (off_t)(total / 2)), 0); /* blocks 24.. are gone */
+        c.base = m;
+        uint32_t ids[3][16];
+        for (uint32_t b = 0; b < 16; b++) {
+            ids[0][b] = b;      /* mapped */
+            ids[1][b] = 24 + b; /* beyond the end */
+            ids[2][b] = b;      /* mapped again */
+        }
+        const uint32_t *idp[3] = {ids[0], ids[1], ids[2]};
+        unsigned char *objs[3];
+        for (int j = 0; j < 3; j++) {
+            objs[j] = malloc(ob);
+            assert_non_null(objs[j]);
+            memset(objs[j], 0xEE, ob);
+        }
+        uint32_t done = 99;
+        assert_int_equal(kv_gather_many(pools[pi], &c, 256, idp, objs, 3, &done), -1);
+        assert_int_equal(done, 1);
+        assert_memory_equal(objs[0], m, ob);
+        for (int j = 0; j < 3; j++) free(objs[j]);
+        munmap(m, total);
+        close(fd);
+    }
+    copypool_stop(p1);
+}
+
 static void test_kv_copies_both_orders(void **state) {
     (void)state;
     char err[128];
@@ -438,6 +563,8 @@ int main(void) {
         cmocka_unit_test(test_piece_sizes),
         cmocka_unit_test(test_memcpy_odd_size),
         cmocka_unit_test(test_kv_copies_both_orders),
+        cmocka_unit_test(test_kv_many_chunks_one_job),
+        cmocka_unit_test(test_kv_many_fault_keeps_the_chunks_before),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

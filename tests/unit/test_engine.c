@@ -90,7 +90,7 @@ static int src_fill(void *arg, uint32_t i, void *dst) {
 static int store(const struct prompt *pr, const char *model, uint32_t ws, uint32_t rank,
                  struct src *s, struct engine_store_result *res) {
     char err[256];
-    struct engine_source es = {src_size, src_fill, s, false, 0};
+    struct engine_source es = {src_size, src_fill, s, false, 0, NULL};
     return engine_store(&eng, &pr->p, model, ws, rank, &es, clock_mono_ns(), res, err, sizeof(err));
 }
 
@@ -145,6 +145,112 @@ static void test_failed_source_keeps_the_chunks_before(void **state) {
     assert_int_equal(res.stored, 2);
     assert_int_equal(read_back(&pr, 1, "m", 1, 0, OWNER_A, "", 51), ENGINE_OK);
     assert_int_equal(read_back(&pr, 2, "m", 1, 0, OWNER_A, "", 0), ENGINE_ERR_NOT_FOUND);
+}
+
+/* A source filling several chunks per call (as a pooled copy does). */
+struct many_src {
+    struct src s;
+    uint64_t size;
+    int calls;     /* fill_many calls */
+    uint32_t most; /* most chunks in one call */
+};
+
+static uint64_t many_size(void *arg, uint32_t i) {
+    (void)i;
+    return ((const struct many_src *)arg)->size;
+}
+
+static int many_fill(void *arg, uint32_t i, void *dst) {
+    struct many_src *m = arg;
+    if (i >= m->s.fail_at) return -1;
+    memset(dst, m->s.seed + (int)i, m->size);
+    return 0;
+}
+
+static int many_fill_many(void *arg, const uint32_t *idx, void *const *dsts, uint32_t n,
+                          uint32_t *done) {
+    struct many_src *m = arg;
+    m->calls++;
+    if (n > m->most) m->most = n;
+    for (uint32_t j = 0; j < n; j++) {
+        if (idx[j] >= m->s.fail_at) {
+            *done = j;
+            return -1;
+        }
+        memset(dsts[j], m->s.seed + (int)idx[j], m->size);
+    }
+    *done = n;
+    return 0;
+}
+
+static int store_many(const struct prompt *pr, struct many_src *m, struct engine_store_result *res,
+                      char *err, size_t errlen) {
+    struct engine_source es = {many_size, many_fill, m, false, 0, many_fill_many};
+    return engine_store(&eng, &pr->p, "m", 1, 0, &es, clock_mono_ns(), res, err, errlen);
+}
+
+static void test_store_fills_chunks_in_one_batch(void **state) {
+    (void)state;
+    char err[256];
+    struct prompt pr;
+    struct many_src m = {{30, UINT32_MAX}, CHUNK, 0, 0};
+    struct engine_store_result res;
+    prompt_init(&pr, 0xe0, 0, 4);
+    assert_int_equal(store_many(&pr, &m, &res, err, sizeof(err)), ENGINE_OK);
+    assert_int_equal(res.stored, 4);
+    assert_int_equal(res.bytes, 4 * CHUNK);
+    assert_int_equal(m.calls, 1);
+    assert_int_equal(m.most, 4);
+    for (uint32_t c = 0; c < 4; c++)
+        assert_int_equal(read_back(&pr, c, "m", 1, 0, OWNER_A, "", (uint8_t)(30 + c)), ENGINE_OK);
+}
+
+/* A source failing at chunk 2 of a batch of 4: chunks 0-1 stored, 2-3 not (their reservations
+ * are dropped: a later store writes them). */
+static void test_batch_failure_keeps_the_chunks_before(void **state) {
+    (void)state;
+    char err[256] = "";
+    struct prompt pr;
+    struct many_src m = {{40, 2}, CHUNK, 0, 0};
+    struct engine_store_result res;
+    prompt_init(&pr, 0xe1, 0, 4);
+    assert_int_equal(store_many(&pr, &m, &res, err, sizeof(err)), ENGINE_ERR_SOURCE);
+    assert_non_null(strstr(err, "chunk 2 "));
+    assert_int_equal(res.stored, 2);
+    assert_int_equal(read_back(&pr, 1, "m", 1, 0, OWNER_A, "", 41), ENGINE_OK);
+    assert_int_equal(read_back(&pr, 2, "m", 1, 0, OWNER_A, "", 0), ENGINE_ERR_NOT_FOUND);
+    assert_int_equal(read_back(&pr, 3, "m", 1, 0, OWNER_A, "", 0), ENGINE_ERR_NOT_FOUND);
+    m.s.fail_at = UINT32_MAX;
+    assert_int_equal(store_many(&pr, &m, &res, err, sizeof(err)), ENGINE_OK);
+    assert_int_equal(res.stored, 2);
+    assert_int_equal(res.skipped, 2);
+    assert_int_equal(read_back(&pr, 3, "m", 1, 0, OWNER_A, "", 43), ENGINE_OK);
+}
+
+/* L1 (64 MiB) held but for 6 MiB by a read-locked object: a store of 2 MiB chunks needs the
+ * space of the chunks it reserved itself; the reserved batch is filled and the reservation
+ * retried (L1 evicts the earlier chunks), as chunk by chunk, instead of failing as full. */
+static void test_batch_is_filled_when_l1_is_full(void **state) {
+    (void)state;
+    char err[256] = "";
+    struct prompt big, pr;
+    struct many_src hold = {{1, UINT32_MAX}, 58ull << 20, 0, 0};
+    struct many_src m = {{60, UINT32_MAX}, 2ull << 20, 0, 0};
+    struct engine_store_result res;
+    prompt_init(&big, 0xe2, 0, 1);
+    assert_int_equal(store_many(&big, &hold, &res, err, sizeof(err)), ENGINE_OK);
+    assert_int_equal(res.stored, 1);
+    struct engine_ref ref;
+    assert_int_equal(engine_read(&eng, &big.p, 0, "m", 1, 0, OWNER_A, "", clock_mono_ns(), &ref,
+                                 err, sizeof(err)),
+                     ENGINE_OK);
+    prompt_init(&pr, 0xe3, 0, 4);
+    int rc = store_many(&pr, &m, &res, err, sizeof(err));
+    engine_read_done(&eng, &ref, clock_mono_ns());
+    assert_int_equal(rc, ENGINE_OK);
+    assert_int_equal(res.stored, 4);
+    assert_int_equal(res.bytes, 4 * (2ull << 20));
+    assert_true(m.most >= 2); /* batches were used */
 }
 
 static void test_lookup_session_holds_and_releases(void **state) {
@@ -305,6 +411,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_then_read),
         cmocka_unit_test(test_failed_source_keeps_the_chunks_before),
+        cmocka_unit_test(test_store_fills_chunks_in_one_batch),
+        cmocka_unit_test(test_batch_failure_keeps_the_chunks_before),
+        cmocka_unit_test(test_batch_is_filled_when_l1_is_full),
         cmocka_unit_test(test_lookup_session_holds_and_releases),
         cmocka_unit_test(test_lookup_stops_at_the_first_chunk_missing_a_rank),
         cmocka_unit_test(test_l2_calls_without_l2),

@@ -435,6 +435,9 @@ static void observe_throughput(struct engine *e, int store, const char *model, u
                    (double)bytes / dt);
 }
 
+/* Chunks a retrieve holds and copies at once (one copy-pool job per batch). */
+#define DP_RETRIEVE_BATCH 32
+
 /* store: chunks gathered from a registered engine cache. */
 struct gather_src {
     struct copypool *pool;
@@ -452,6 +455,15 @@ static uint64_t gather_size(void *arg, uint32_t i) {
 static int gather_fill(void *arg, uint32_t i, void *dst) {
     const struct gather_src *g = arg;
     return kv_gather_pooled(g->pool, g->c, g->cs, g->blocks + (size_t)i * g->per, dst);
+}
+
+static int gather_fill_many(void *arg, const uint32_t *idx, void *const *dsts, uint32_t n,
+                            uint32_t *done) {
+    const struct gather_src *g = arg;
+    const uint32_t *ids[ENGINE_STORE_BATCH];
+    if (n > ENGINE_STORE_BATCH) return -1; /* engine_store never asks for more */
+    for (uint32_t j = 0; j < n; j++) ids[j] = g->blocks + (size_t)idx[j] * g->per;
+    return kv_gather_many(g->pool, g->c, g->cs, ids, (unsigned char *const *)dsts, n, done);
 }
 
 /* store_bytes: chunks carried in the message (msgpack bins). */
@@ -494,7 +506,7 @@ static int op_store(struct op_ctx *o) {
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t t0 = clock_mono_ns();
     struct gather_src gs = {o->e->copypool, c, cs, per, blocks};
-    struct engine_source src = {gather_size, gather_fill, &gs, true, 0};
+    struct engine_source src = {gather_size, gather_fill, &gs, true, 0, gather_fill_many};
     if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, c->model_name, c->world_size, c->worker_id, &src, o->now,
@@ -538,40 +550,56 @@ static int op_retrieve(struct op_ctx *o) {
     if (parse_blocks(o, c, &cr, &blocks) < 0) goto out;
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t size = kv_object_bytes(&c->layout, cs);
-    for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk; ch++) {
-        struct engine_ref ref;
-        int erc =
-            engine_read(o->e, &cr, ch, c->model_name, c->world_size, c->worker_id, owner_of(o), rid,
-                        o->now, &ref, o->err->message, sizeof(o->err->message));
-        if (erc == ENGINE_ERR_NOT_FOUND) {
-            dp_fail(o->err, DP_NOT_FOUND, "chunk %u is not in the cache%s", ch,
-                    *rid ? " or not locked by this lookup" : "");
-            goto out_counts;
+    /* Chunks are read-held in batches and each batch is copied as one pooled job; a miss or a
+     * fault ends the request after the chunks before it were copied, as chunk by chunk. */
+    struct engine_ref refs[DP_RETRIEVE_BATCH];
+    const unsigned char *objs[DP_RETRIEVE_BATCH];
+    const uint32_t *ids[DP_RETRIEVE_BATCH];
+    uint32_t skips[DP_RETRIEVE_BATCH];
+    int failed = 0;
+    for (uint32_t ch = cr.start_chunk; ch < cr.end_chunk && !failed;) {
+        uint32_t nb = 0;
+        for (; ch < cr.end_chunk && nb < DP_RETRIEVE_BATCH; ch++) {
+            int erc =
+                engine_read(o->e, &cr, ch, c->model_name, c->world_size, c->worker_id, owner_of(o),
+                            rid, o->now, &refs[nb], o->err->message, sizeof(o->err->message));
+            if (erc == ENGINE_ERR_NOT_FOUND) {
+                dp_fail(o->err, DP_NOT_FOUND, "chunk %u is not in the cache%s", ch,
+                        *rid ? " or not locked by this lookup" : "");
+                failed = 1;
+                break;
+            }
+            if (erc != ENGINE_OK) {
+                engine_fail(o, erc);
+                failed = 1;
+                break;
+            }
+            if (refs[nb].size != size) {
+                engine_read_done(o->e, &refs[nb], o->now);
+                dp_fail(o->err, DP_NOT_FOUND, "chunk %u was stored with another layout", ch);
+                failed = 1;
+                break;
+            }
+            uint64_t tok = (uint64_t)ch * cs;
+            skips[nb] = (uint64_t)skip > tok
+                            ? (uint32_t)((uint64_t)skip - tok > cs ? cs : (uint64_t)skip - tok)
+                            : 0;
+            objs[nb] = refs[nb].data;
+            ids[nb] = blocks + (size_t)(ch - cr.start_chunk) * per;
+            nb++;
         }
-        if (erc != ENGINE_OK) {
-            engine_fail(o, erc);
-            goto out_counts;
-        }
-        if (ref.size != size) {
-            engine_read_done(o->e, &ref, o->now);
-            dp_fail(o->err, DP_NOT_FOUND, "chunk %u was stored with another layout", ch);
-            goto out_counts;
-        }
-        uint64_t first = (uint64_t)ch * cs;
-        uint32_t skip_in_chunk = (uint64_t)skip > first
-                                     ? (uint32_t)((uint64_t)skip - first > cs ? cs : skip - first)
-                                     : 0;
-        int bad =
-            kv_scatter_pooled(o->e->copypool, c, cs, blocks + (size_t)(ch - cr.start_chunk) * per,
-                              ref.data, skip_in_chunk);
-        engine_read_done(o->e, &ref, clock_mono_ns());
-        if (bad) {
+        uint32_t copied = 0;
+        int bad = kv_scatter_many(o->e->copypool, c, cs, ids, objs, skips, nb, &copied);
+        uint64_t now = clock_mono_ns();
+        for (uint32_t j = 0; j < nb; j++) engine_read_done(o->e, &refs[j], now);
+        done += copied;
+        bytes += (uint64_t)copied * size;
+        if (bad) { /* before any miss of the batch: the fault is what the client sees */
             dp_fail(o->err, DP_SHM_ERROR, SHRUNK);
-            goto out_counts;
+            failed = 1;
         }
-        done++;
-        bytes += size;
     }
+    if (failed) goto out_counts;
     rc = 0;
     metric_inc(o->e->dpm.retrieves_finished, 1);
 out_counts:
@@ -638,7 +666,7 @@ static int op_store_bytes(struct op_ctx *o) {
     }
     uint64_t t0 = clock_mono_ns();
     struct bin_src bs = {o->e->copypool, chunks};
-    struct engine_source src = {bin_size, bin_fill, &bs, false, 0};
+    struct engine_source src = {bin_size, bin_fill, &bs, false, 0, NULL};
     if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, model, ws, rank, &src, o->now, &res, o->err->message,
