@@ -544,10 +544,13 @@ void rs_track_stop(struct rstore *r) {
         pthread_cond_broadcast(&t->cv);
         pthread_mutex_unlock(&t->mu);
     }
+    /* Every listener joined before any is freed: a listener going down looks at the
+     * others' state (set_up). */
+    for (uint32_t e = 0; e < r->ntrk; e++)
+        if (r->trk[e] && r->trk[e]->started) pthread_join(r->trk[e]->th, NULL);
     for (uint32_t e = 0; e < r->ntrk; e++) {
         struct rtrack *t = r->trk[e];
         if (!t) continue;
-        if (t->started) pthread_join(t->th, NULL);
         pthread_mutex_destroy(&t->mu);
         pthread_cond_destroy(&t->cv);
         free(t);
