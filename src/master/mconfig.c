@@ -114,13 +114,12 @@ int mcfg_store_line(const struct mcfg *c, char *buf, size_t len) {
     return snprintf(buf, len,
                     "backend=redis uri=%s namespace=%s password=%s shard_uris=%s cluster=%llu "
                     "block_shards=%llu pool_size=%llu connect_timeout=%llums socket_timeout=%llums "
-                    "required=%llu cache_mb=%llu%s",
+                    "required=%llu cache_mb=%llu",
                     c->redis_uri, c->redis_namespace, *c->redis_password ? "<redacted>" : "<none>",
                     *c->redis_shard_uris ? c->redis_shard_uris : "<none>",
                     (unsigned long long)c->redis_cluster, (unsigned long long)c->redis_block_shards,
                     (unsigned long long)c->redis_pool_size,
                     (unsigned long long)c->redis_connect_timeout_ms,
                     (unsigned long long)c->redis_socket_timeout_ms,
-                    (unsigned long long)c->redis_required, (unsigned long long)c->redis_cache_mb,
-                    c->redis_cluster && c->redis_cache_mb ? " (cluster: not cached)" : "");
+                    (unsigned long long)c->redis_required, (unsigned long long)c->redis_cache_mb);
 }

@@ -384,9 +384,11 @@ static int refresh_from(struct rstore *r, const char *host, int port, char *why,
         if (idx == NO_EP) continue;
         for (long long s = lo; s <= hi; s++) nw[s] = (uint16_t)idx;
     }
+    bool changed = memcmp(r->owner, nw, RS_NSLOTS * sizeof(*nw)) != 0;
     memcpy(r->owner, nw, RS_NSLOTS * sizeof(*nw));
     pthread_rwlock_unlock(&r->smu);
     free(nw);
+    if (changed) rs_track_map_changed(r);
     rc = 0;
 out:
     if (rep) freeReplyObject(rep);
@@ -411,6 +413,116 @@ static void maybe_refresh(struct rstore *r) {
                      r->ep[i]->host, r->ep[i]->port);
             return;
         }
+}
+
+uint32_t rs_cluster_all_masters(struct rstore *r, uint32_t *out, uint32_t max) {
+    uint32_t n = rs_cluster_masters(r, out, max);
+    pthread_rwlock_rdlock(&r->smu);
+    for (uint32_t k = 0; k < r->nlisted_m; k++) {
+        bool seen = false;
+        for (uint32_t q = 0; q < n && !seen; q++) seen = out[q] == r->listed_m[k];
+        if (!seen && n < max) out[n++] = r->listed_m[k];
+    }
+    pthread_rwlock_unlock(&r->smu);
+    return n;
+}
+
+/* One field of a CLUSTER NODES line is in the comma-separated list flags. */
+static bool has_flag(const char *flags, size_t n, const char *f) {
+    size_t fl = strlen(f);
+    for (const char *p = flags, *end = flags + n; p < end;) {
+        const char *c = memchr(p, ',', (size_t)(end - p));
+        size_t l = c ? (size_t)(c - p) : (size_t)(end - p);
+        if (l == fl && memcmp(p, f, fl) == 0) return true;
+        p += l + 1;
+    }
+    return false;
+}
+
+/* CLUSTER NODES on host:port: every master not failed, with or without slots (a master
+ * added to the cluster is tracked before a slot can migrate to it). 0, or -1. */
+static int read_masters(struct rstore *r, const char *host, int port) {
+    char why[384];
+    redisContext *c = rs_dial(r, host, port, why, sizeof(why));
+    if (!c) return -1;
+    redisReply *rep = redisCommand(c, "CLUSTER NODES");
+    int rc = -1;
+    uint16_t got[RS_TRACK_MAX];
+    uint32_t n = 0;
+    bool over = false;
+    if (!rep || rep->type != REDIS_REPLY_STRING) goto out;
+    for (char *line = rep->str, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        /* <id> <ip:port@cport[,hostname]> <flags> ... */
+        char *sp1 = strchr(line, ' '), *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
+        char *sp3 = sp2 ? strchr(sp2 + 1, ' ') : NULL;
+        if (!sp3) continue;
+        const char *fl = sp2 + 1;
+        size_t fln = (size_t)(sp3 - fl);
+        if (!has_flag(fl, fln, "master") || has_flag(fl, fln, "fail") ||
+            has_flag(fl, fln, "handshake") || has_flag(fl, fln, "noaddr"))
+            continue;
+        char *addr = sp1 + 1;
+        *sp2 = 0;
+        char *at = strchr(addr, '@');
+        if (at) *at = 0;
+        char *colon = strrchr(addr, ':');
+        if (!colon) continue;
+        *colon = 0;
+        long p = strtol(colon + 1, NULL, 10);
+        if (p <= 0 || p > 65535) continue;
+        pthread_rwlock_wrlock(&r->smu);
+        uint32_t idx = do_ep_find_or_add(r, *addr ? addr : host, (int)p);
+        pthread_rwlock_unlock(&r->smu);
+        if (idx == NO_EP) continue;
+        if (n == RS_TRACK_MAX) {
+            over = true;
+            break;
+        }
+        got[n++] = (uint16_t)idx;
+    }
+    /* Sorted: the list is compared with the last one. */
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = i; j > 0 && got[j - 1] > got[j]; j--) {
+            uint16_t x = got[j];
+            got[j] = got[j - 1];
+            got[j - 1] = x;
+        }
+    pthread_rwlock_wrlock(&r->smu);
+    bool changed = n != r->nlisted_m || memcmp(got, r->listed_m, n * sizeof(*got)) != 0;
+    if (changed && !over) {
+        memcpy(r->listed_m, got, n * sizeof(*got));
+        r->nlisted_m = n;
+    }
+    pthread_rwlock_unlock(&r->smu);
+    if (changed && !over) rs_track_map_changed(r);
+    rc = 0;
+out:
+    if (rep) freeReplyObject(rep);
+    redisFree(c);
+    return rc;
+}
+
+void rs_cluster_reread(struct rstore *r) {
+    /* From a master of the current map first (a node that left may answer with an old one). */
+    uint32_t m[RS_MAX_NODES];
+    uint32_t nm = rs_cluster_masters(r, m, RS_MAX_NODES);
+    char why[384];
+    for (uint32_t k = 0; k < nm; k++) {
+        struct endpoint *ep = r->ep[m[k]];
+        if (refresh_from(r, ep->host, ep->port, why, sizeof(why)) == 0) {
+            read_masters(r, ep->host, ep->port);
+            return;
+        }
+    }
+    for (uint32_t i = 0; i < atomic_load(&r->nep); i++) {
+        struct endpoint *ep = r->ep[i];
+        if (refresh_from(r, ep->host, ep->port, why, sizeof(why)) == 0) {
+            read_masters(r, ep->host, ep->port);
+            return;
+        }
+    }
 }
 
 /* "MOVED 3999 127.0.0.1:6381" / "ASK 3999 host:port": the slot and the endpoint index
@@ -698,6 +810,8 @@ int rs_run(struct rstore *r, struct batch *b, const char *degrade) {
                         if (r->m_ask) metric_inc(r->m_ask, 1);
                         cs[i].ask = to; /* this command only; the map stays */
                     }
+                    /* The read cache: flushed, bypassed until listeners match the map. */
+                    rs_track_map_changed(r);
                     snprintf(hard, sizeof(hard), "%.300s", rep->str);
                     b->c[i].rep = NULL;
                     again = true;
@@ -707,6 +821,7 @@ int rs_run(struct rstore *r, struct batch *b, const char *degrade) {
                     b->c[i].rep = NULL;
                     cs[i].ask = NO_EP;
                     again = tryagain = true;
+                    rs_track_map_changed(r);
                 } else if (err_is(rep, "NOSCRIPT") && !l->bad &&
                            load_script(r, l->s->c, b->c[i].script)) {
                     /* A restarted or failed-over node without our scripts. */

@@ -41,6 +41,8 @@ enum {
 /* Cluster nodes the store keeps endpoints for (masters seen in slot maps and redirections). */
 #define RS_MAX_NODES 1024
 #define RS_NSLOTS    16384
+/* Listeners a fence waits for; more masters than this: the cache does not serve. */
+#define RS_TRACK_MAX 64
 
 /* One command of a batch: arguments [a0, a0 + argc) of the batch's buffer. After rs_run,
  * rep is its reply, or NULL when its endpoint failed in a degraded read. */
@@ -113,6 +115,10 @@ struct rstore {
     /* Cluster mode: slot -> index into ep (UINT16_MAX: no owner known), under smu. */
     pthread_rwlock_t smu;
     uint16_t *owner;
+    /* Masters CLUSTER NODES named at the last re-read, with or without slots (written by
+     * the read cache's start and watch thread), under smu. */
+    uint16_t listed_m[RS_TRACK_MAX];
+    uint32_t nlisted_m;
     uint16_t ctl_slot, *tslot;
     char *seeds;
     _Atomic bool refresh;
@@ -129,14 +135,23 @@ struct rstore {
     struct metric *m_transport, *m_noscript, *m_pool_exhausted, *m_pool_wait;
     struct metric *m_moved, *m_ask, *m_refresh;
 
-    /* The read cache (mstore_redis_track.c; NULL: off or cluster mode): one listener per
-     * endpoint (trk[e] for ep[e]); the cache serves only while all ntrk are up (nup, under
-     * tmu). */
+    /* The read cache (mstore_redis_track.c; NULL: off): one listener per endpoint (trk[e]
+     * for ep[e], trk[0..ntrk) allocated; cluster mode: started for the masters of the slot
+     * map as it changes). The cache serves only while every listener of need[0..nneed) is
+     * up and, in cluster mode, need was computed for the current map (need_gen == map_gen;
+     * map_gen is bumped by every slot-map change, MOVED, ASK and TRYAGAIN). Under tmu:
+     * need, nneed, trk's entries, ntrk, wstop. */
     struct mcache *cache;
     struct rtrack **trk;
     uint32_t ntrk;
     pthread_mutex_t tmu;
-    uint32_t nup;
+    uint32_t need[RS_TRACK_MAX];
+    uint32_t nneed;
+    _Atomic uint64_t map_gen, need_gen;
+    _Atomic uint64_t last_map_log_ns;
+    pthread_t watch; /* cluster mode: re-reads the slot map every second */
+    pthread_cond_t wcv;
+    bool watching, wstop;
     struct metric *m_c_hit, *m_c_miss, *m_c_inval, *m_c_flush, *m_c_up, *m_c_bypass;
     struct metric *m_lat[32]; /* per store operation (mstore_redis.c) */
     struct metric_family *f_degraded;
@@ -167,19 +182,29 @@ int rs_conn_init(struct rstore *r, const struct mstore_redis_cfg *cfg, char *err
 uint16_t rs_tag_slot(const char *key);
 uint32_t rs_slot_owner(struct rstore *r, uint16_t slot);
 uint32_t rs_cluster_masters(struct rstore *r, uint32_t *out, uint32_t max);
+/* The masters of the slot map and those CLUSTER NODES named at the last rs_cluster_reread
+ * (a master that serves no slot yet), up to max. */
+uint32_t rs_cluster_all_masters(struct rstore *r, uint32_t *out, uint32_t max);
+/* Reads the slot map (CLUSTER SLOTS) and the masters (CLUSTER NODES) again now, from a
+ * master of the current map first; a change calls rs_track_map_changed. */
+void rs_cluster_reread(struct rstore *r);
 void rs_conn_fini(struct rstore *r);
 
 /* A connection to host:port with the store's timeouts and AUTH; NULL with why. */
 redisContext *rs_dial(struct rstore *r, const char *host, int port, char *why, size_t wlen);
 
 /* mstore_redis_track.c: the read cache's listeners. rs_track_start starts one thread per
- * endpoint (single and multi mode; cache_mb 0 or cluster: no cache) and registers the
- * cache's metrics; 0 or -1 on no memory. rs_track_stop joins them and frees the cache.
+ * endpoint (single and multi mode) or per master of the slot map (cluster mode, plus a
+ * thread re-reading the map every second); cache_mb 0: no cache. It registers the cache's
+ * metrics; 0 or -1 on no memory. rs_track_stop joins them and frees the cache.
  * rs_track_fence: 0 when every invalidation of a write acknowledged before the call has
  * been applied to the cache (one PING answered on every listener, grouped with concurrent
- * callers), -1 when coherence cannot be proven now (the caller reads Redis directly). */
+ * callers), -1 when coherence cannot be proven now (the caller reads Redis directly).
+ * rs_track_map_changed (cluster mode; no lock held): the slot map changed or a slot is
+ * migrating: the cache is flushed and bypassed until listeners match the map. */
 int rs_track_start(struct rstore *r, size_t cache_mb, struct metrics *m);
 void rs_track_stop(struct rstore *r);
+void rs_track_map_changed(struct rstore *r);
 int rs_track_fence(struct rstore *r);
 
 /* mstore_redis.c: a node id interned for the store's lifetime (stable pointer, its index in

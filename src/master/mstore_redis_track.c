@@ -13,7 +13,18 @@
  * is sent. So once a PING written after a match began is answered, every invalidation of a
  * write acknowledged (to any master replica) before the match began has been applied. One
  * PING is in flight per listener; callers that arrive meanwhile ask for the next one (want),
- * sent as soon as the current one is answered. */
+ * sent as soon as the current one is answered.
+ *
+ * Cluster mode: one listener per master of the slot map, each tracking every shard tag's
+ * prefix and the peer map (a prefix costs nothing on a node without such keys), so a key
+ * written on any master, before, during or after a slot's migration, is invalidated by the
+ * listener of the node it was written on; the fence PINGs every master's listener. Every
+ * slot-map change (a re-read that differs, MOVED, ASK, TRYAGAIN) bumps map_gen: the cache is
+ * flushed and bypassed until the listeners of the new map's masters are all up (started on
+ * demand by the next fence or the watch thread). The watch thread re-reads the map and the
+ * masters (CLUSTER NODES, those without slots too) every second, so a master added to the
+ * cluster is tracked before a slot can migrate to it, even when this master is never
+ * redirected. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +50,7 @@ struct rtrack {
     uint64_t conn; /* changes on every connection and every loss */
     uint64_t want, sent, done;
     bool inflight, stop;
+    bool wanted; /* cluster: its node is a master of the map (else it idles once down) */
 };
 
 static const char PING[] = "*1\r\n$4\r\nPING\r\n";
@@ -60,24 +72,45 @@ static bool do_send_ping(struct rtrack *t) {
     return true;
 }
 
+static bool listener_up(struct rtrack *t) {
+    pthread_mutex_lock(&t->mu);
+    bool up = t->up;
+    pthread_mutex_unlock(&t->mu);
+    return up;
+}
+
+/* Caller holds tmu: serves when every needed listener is up for the current map. */
+static void try_enable(struct rstore *r) {
+    if (mcache_enabled(r->cache) || !r->nneed) return;
+    if (r->cluster && atomic_load(&r->need_gen) != atomic_load(&r->map_gen)) return;
+    for (uint32_t k = 0; k < r->nneed; k++)
+        if (!listener_up(r->trk[r->need[k]])) return;
+    mcache_enable(r->cache);
+    if (r->m_c_up) metric_set(r->m_c_up, 1);
+    if (r->cluster)
+        log_debug(r->lg, "[MetadataStore] redis read cache: tracking on %u master(s), serving",
+                  r->nneed);
+    else
+        log_info(r->lg, "[MetadataStore] redis read cache: tracking on %u endpoint(s), serving",
+                 r->nneed);
+}
+
+/* Caller holds tmu: flushed and off. */
+static void turn_off(struct rstore *r) {
+    if (mcache_enabled(r->cache) && r->m_c_up) metric_set(r->m_c_up, 0);
+    mcache_disable(r->cache);
+    if (r->m_c_flush) metric_inc(r->m_c_flush, 1);
+}
+
 static void set_up(struct rstore *r, bool up) {
     pthread_mutex_lock(&r->tmu);
-    if (up) {
-        if (++r->nup == r->ntrk) {
-            mcache_enable(r->cache);
-            if (r->m_c_up) metric_set(r->m_c_up, 1);
-            log_info(r->lg, "[MetadataStore] redis read cache: tracking on %u endpoint(s), serving",
-                     r->ntrk);
-        }
-    } else {
-        if (r->nup-- == r->ntrk) {
-            if (r->m_c_up) metric_set(r->m_c_up, 0);
+    if (!up) {
+        if (mcache_enabled(r->cache))
             log_warn(r->lg, "[MetadataStore] redis read cache: invalidation listener lost; "
                             "flushed and bypassed until tracking is back");
-        }
-        mcache_disable(r->cache);
-        if (r->m_c_flush) metric_inc(r->m_c_flush, 1);
+        turn_off(r);
     }
+    try_enable(r);
     pthread_mutex_unlock(&r->tmu);
 }
 
@@ -109,7 +142,8 @@ static bool setup(struct rtrack *t, redisContext *c) {
         argv[argc++] = "REDIRECT";
         argv[argc++] = id;
         argv[argc++] = "BCAST";
-        /* Single: every shard tag lives here. Multi: shard e on endpoint e. Keys of a tag
+        /* Single and cluster: every shard tag (cluster: a key of any tag may be written
+         * here after a migration). Multi: shard e on endpoint e. Keys of a tag
          * that are not hashes' (":extkv:node:<id>") share the prefix: their invalidations
          * drop at most an entry of a hash spelled "node:<id>", never too little. */
         for (uint32_t s = 0; s < r->nshards && ok; s++) {
@@ -123,7 +157,7 @@ static bool setup(struct rtrack *t, redisContext *c) {
             argv[argc++] = "PREFIX";
             argv[argc++] = own[s];
         }
-        if (t->e == 0) {
+        if (t->e == 0 || r->cluster) { /* cluster: the control slot may be anywhere */
             argv[argc++] = "PREFIX";
             argv[argc++] = r->k_peers;
         }
@@ -194,6 +228,7 @@ static void *listener(void *arg) {
     uint32_t backoff_ms = 50;
     for (;;) {
         pthread_mutex_lock(&t->mu);
+        while (!t->stop && !t->wanted) pthread_cond_wait(&t->cv, &t->mu);
         bool stop = t->stop;
         pthread_mutex_unlock(&t->mu);
         if (stop) break;
@@ -263,12 +298,101 @@ static void *listener(void *arg) {
     return NULL;
 }
 
+static struct rtrack *new_listener(struct rstore *r, uint32_t e) {
+    struct rtrack *t = calloc(1, sizeof(*t));
+    if (!t) return NULL;
+    t->r = r;
+    t->e = e;
+    t->fd = -1;
+    t->wanted = true;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    if (pthread_create(&t->th, NULL, listener, t) != 0) {
+        pthread_mutex_destroy(&t->mu);
+        pthread_cond_destroy(&t->cv);
+        free(t);
+        return NULL;
+    }
+    t->started = true;
+    return t;
+}
+
+/* Cluster mode, caller holds tmu: need becomes the masters of the current map, a listener
+ * started for each new one; listeners of nodes no longer masters idle once down. */
+static void reconcile(struct rstore *r) {
+    uint64_t g = atomic_load(&r->map_gen);
+    if (atomic_load(&r->need_gen) == g) return;
+    uint32_t m[RS_MAX_NODES];
+    uint32_t nm = rs_cluster_all_masters(r, m, RS_MAX_NODES);
+    r->nneed = 0;
+    if (nm > RS_TRACK_MAX) {
+        log_warn(r->lg, "[MetadataStore] redis read cache: %u masters, more than %d: not serving",
+                 nm, RS_TRACK_MAX);
+        nm = 0;
+    }
+    for (uint32_t k = 0; k < nm; k++) {
+        if (!r->trk[m[k]] && !(r->trk[m[k]] = new_listener(r, m[k]))) {
+            r->nneed = 0;
+            return; /* no memory or thread: the next fence tries again */
+        }
+        if (m[k] >= r->ntrk) r->ntrk = m[k] + 1;
+        r->need[r->nneed++] = m[k];
+    }
+    for (uint32_t e = 0; e < r->ntrk; e++) {
+        struct rtrack *t = r->trk[e];
+        if (!t) continue;
+        bool w = false;
+        for (uint32_t k = 0; k < r->nneed && !w; k++) w = r->need[k] == e;
+        pthread_mutex_lock(&t->mu);
+        t->wanted = w;
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+    }
+    atomic_store(&r->need_gen, g);
+    try_enable(r);
+}
+
+void rs_track_map_changed(struct rstore *r) {
+    if (!r->cache) return;
+    atomic_fetch_add(&r->map_gen, 1);
+    pthread_mutex_lock(&r->tmu);
+    if (mcache_enabled(r->cache)) {
+        /* At most one line a second (a migration redirects many calls). */
+        uint64_t now = clock_mono_ns(), last = atomic_load(&r->last_map_log_ns);
+        if (now - last >= 1000000000ull &&
+            atomic_compare_exchange_strong(&r->last_map_log_ns, &last, now))
+            log_info(r->lg, "[MetadataStore] redis read cache: cluster slot map changed or a "
+                            "slot is migrating; flushed and bypassed until every master's "
+                            "listener tracks");
+    }
+    turn_off(r);
+    pthread_mutex_unlock(&r->tmu);
+}
+
 int rs_track_fence(struct rstore *r) {
-    if (!r->cache || !mcache_enabled(r->cache)) return -1;
-    uint64_t target[64], conn[64];
-    if (r->ntrk > 64) return -1;
-    for (uint32_t i = 0; i < r->ntrk; i++) {
-        struct rtrack *t = r->trk[i];
+    if (!r->cache) return -1;
+    uint32_t idx[RS_TRACK_MAX], n;
+    if (r->cluster) {
+        if (atomic_load(&r->need_gen) != atomic_load(&r->map_gen)) {
+            pthread_mutex_lock(&r->tmu);
+            reconcile(r);
+            pthread_mutex_unlock(&r->tmu);
+        }
+        if (!mcache_enabled(r->cache)) return -1;
+        pthread_mutex_lock(&r->tmu);
+        n = r->nneed;
+        memcpy(idx, r->need, n * sizeof(*idx));
+        bool cur = atomic_load(&r->need_gen) == atomic_load(&r->map_gen);
+        pthread_mutex_unlock(&r->tmu);
+        if (!cur || !n) return -1;
+    } else {
+        if (!mcache_enabled(r->cache) || r->ntrk > RS_TRACK_MAX) return -1;
+        n = r->ntrk;
+        for (uint32_t i = 0; i < n; i++) idx[i] = i;
+    }
+    uint64_t target[RS_TRACK_MAX], conn[RS_TRACK_MAX];
+    for (uint32_t i = 0; i < n; i++) {
+        struct rtrack *t = r->trk[idx[i]];
         pthread_mutex_lock(&t->mu);
         bool ok = t->up;
         if (ok) {
@@ -290,8 +414,8 @@ int rs_track_fence(struct rstore *r) {
         dl.tv_nsec -= 1000000000L;
     }
     int rc = 0;
-    for (uint32_t i = 0; i < r->ntrk && rc == 0; i++) {
-        struct rtrack *t = r->trk[i];
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        struct rtrack *t = r->trk[idx[i]];
         pthread_mutex_lock(&t->mu);
         while (t->up && t->conn == conn[i] && t->done < target[i]) {
             if (pthread_cond_timedwait(&t->cv, &t->mu, &dl) != ETIMEDOUT) continue;
@@ -350,33 +474,68 @@ static void track_metrics(struct rstore *r, struct metrics *m) {
                      r->cache);
 }
 
+/* Cluster mode: the slot map read again every second (a master added or a slot reassigned
+ * without this master being redirected), and the listeners matched to it. */
+static void *watcher(void *arg) {
+    struct rstore *r = arg;
+    pthread_mutex_lock(&r->tmu);
+    while (!r->wstop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 1;
+        while (!r->wstop && pthread_cond_timedwait(&r->wcv, &r->tmu, &dl) == 0) {
+        }
+        if (r->wstop) break;
+        pthread_mutex_unlock(&r->tmu);
+        rs_cluster_reread(r);
+        pthread_mutex_lock(&r->tmu);
+        reconcile(r);
+    }
+    pthread_mutex_unlock(&r->tmu);
+    return NULL;
+}
+
 int rs_track_start(struct rstore *r, size_t cache_mb, struct metrics *m) {
-    if (!cache_mb || r->cluster) return 0;
+    if (!cache_mb) return 0;
     uint32_t n = atomic_load(&r->nep);
-    if (!n || n > 64) return 0; /* more endpoints than fences track: uncached */
+    if (!r->cluster && (!n || n > RS_TRACK_MAX)) return 0; /* more than fences track */
     if (!(r->cache = mcache_new(cache_mb << 20))) return -1;
-    if (!(r->trk = calloc(n, sizeof(*r->trk)))) return -1;
-    r->ntrk = n;
+    if (!(r->trk = calloc(r->cluster ? RS_MAX_NODES : n, sizeof(*r->trk)))) return -1;
+    pthread_cond_init(&r->wcv, NULL);
     track_metrics(r, m);
-    for (uint32_t e = 0; e < n; e++) {
-        struct rtrack *t = calloc(1, sizeof(*t));
-        if (!t) return -1;
-        r->trk[e] = t;
-        t->r = r;
-        t->e = e;
-        t->fd = -1;
-        pthread_mutex_init(&t->mu, NULL);
-        pthread_cond_init(&t->cv, NULL);
+    if (r->cluster) rs_cluster_reread(r); /* the masters without slots too */
+    pthread_mutex_lock(&r->tmu);
+    int rc = 0;
+    if (r->cluster) {
+        atomic_store(&r->need_gen, UINT64_MAX);
+        reconcile(r);
+        if (pthread_create(&r->watch, NULL, watcher, r) == 0)
+            r->watching = true;
+        else
+            rc = -1;
+    } else {
+        for (uint32_t e = 0; e < n && rc == 0; e++) {
+            if (!(r->trk[e] = new_listener(r, e))) {
+                rc = -1;
+                break;
+            }
+            r->ntrk = e + 1;
+            r->need[r->nneed++] = e;
+        }
     }
-    for (uint32_t e = 0; e < n; e++) {
-        if (pthread_create(&r->trk[e]->th, NULL, listener, r->trk[e]) != 0) return -1;
-        r->trk[e]->started = true;
-    }
-    return 0;
+    pthread_mutex_unlock(&r->tmu);
+    return rc;
 }
 
 void rs_track_stop(struct rstore *r) {
-    for (uint32_t e = 0; r->trk && e < r->ntrk; e++) {
+    if (!r->trk) goto out;
+    pthread_mutex_lock(&r->tmu);
+    r->wstop = true;
+    pthread_cond_broadcast(&r->wcv);
+    pthread_mutex_unlock(&r->tmu);
+    if (r->watching) pthread_join(r->watch, NULL);
+    pthread_cond_destroy(&r->wcv);
+    for (uint32_t e = 0; e < r->ntrk; e++) {
         struct rtrack *t = r->trk[e];
         if (!t) continue;
         pthread_mutex_lock(&t->mu);
@@ -385,16 +544,20 @@ void rs_track_stop(struct rstore *r) {
         pthread_cond_broadcast(&t->cv);
         pthread_mutex_unlock(&t->mu);
     }
-    for (uint32_t e = 0; r->trk && e < r->ntrk; e++) {
+    /* Every listener joined before any is freed: a listener going down looks at the
+     * others' state (set_up). */
+    for (uint32_t e = 0; e < r->ntrk; e++)
+        if (r->trk[e] && r->trk[e]->started) pthread_join(r->trk[e]->th, NULL);
+    for (uint32_t e = 0; e < r->ntrk; e++) {
         struct rtrack *t = r->trk[e];
         if (!t) continue;
-        if (t->started) pthread_join(t->th, NULL);
         pthread_mutex_destroy(&t->mu);
         pthread_cond_destroy(&t->cv);
         free(t);
     }
     free(r->trk);
     r->trk = NULL;
+out:
     mcache_free(r->cache);
     r->cache = NULL;
 }
