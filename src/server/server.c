@@ -144,21 +144,16 @@ int server_main(int argc, char **argv) {
         struct timespec ts = {atol(delay) / 1000, (atol(delay) % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    if (engine_start(&engine, err, sizeof(err)) < 0) {
-        log_error(lg, "engine failed to start: %s", err);
-        admin_stop(admin, 1.0);
-        engine_destroy(&engine);
-        reporter_free(reporter);
-        kvevents_free(kvev);
-        config_free(&cfg);
-        return 1;
-    }
     /* The copy helpers start before the data plane and stop after it: no copy is running
      * once dataplane_stop returned. */
-    unsigned copy_threads = server_copy_threads(cfg.copy_threads);
-    struct copypool *copypool = copypool_start(copy_threads, err, sizeof(err));
+    struct copypool *copypool = NULL;
+    const char *what = "engine";
+    if (engine_start(&engine, err, sizeof(err)) == 0) {
+        what = "copy pool";
+        copypool = copypool_start(server_copy_threads(cfg.copy_threads), err, sizeof(err));
+    }
     if (!copypool) {
-        log_error(lg, "engine failed to start: %s", err);
+        log_error(lg, "%s failed to start: %s", what, err);
         admin_stop(admin, 1.0);
         engine_destroy(&engine);
         reporter_free(reporter);
@@ -171,7 +166,7 @@ int server_main(int argc, char **argv) {
     if (!cfg.copy_threads_always)
         copypool_set_gate(copypool, copypool_runnable_proc, NULL, ncpu > 0 ? (unsigned)ncpu : 1);
     engine.copypool = copypool;
-    log_info(lg, "copy pool: %u helper threads (--copy-threads %ld)%s", copy_threads,
+    log_info(lg, "copy pool: %u helper threads (--copy-threads %ld)%s", copypool_threads(copypool),
              cfg.copy_threads, cfg.copy_threads_always ? "" : ", used while a core is free");
     struct dataplane *dp = dataplane_start(&engine, cfg.host, (int)cfg.port, (int)cfg.max_workers,
                                            (size_t)cfg.max_message_mb << 20, err, sizeof(err));

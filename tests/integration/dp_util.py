@@ -1,8 +1,10 @@
 """A minimal data-plane client written from docs/protocol.md (pyzmq + msgpack only)."""
+import hashlib
 import itertools
 import mmap
 import os
 import random
+import struct
 import uuid
 
 import msgpack
@@ -120,3 +122,18 @@ class ShmKV:
             os.unlink("/dev/shm" + self.name)
         except FileNotFoundError:
             pass
+
+
+def hashes(n, tag=b""):
+    """n distinct 32-byte chunk hashes (SHA-256 of tag and the index)."""
+    return [hashlib.sha256(tag + struct.pack(">I", i)).digest() for i in range(n)]
+
+
+def wire_maker(make_server, chunk):
+    """make(*server_args, **server_kw) -> (server, Wire) of a server with --chunk-size chunk."""
+    from test_protocol import Wire  # test_protocol imports this module
+
+    def make(*args, **kw):
+        s = make_server(args=["--chunk-size", str(chunk)] + list(args), **kw)
+        return s, Wire(s.zmq_port)
+    return make

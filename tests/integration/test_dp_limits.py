@@ -1,7 +1,6 @@
 """Bounded work and memory per data-plane request (docs/protocol.md, Limits): objects per request
 (chunks of the range x ranks), repeated chunk hashes, reply size, backpressure on pipelined
 clients, and wire strings that must be UTF-8 text before they reach metric labels and logs."""
-import hashlib
 import json
 import os
 import shutil
@@ -12,6 +11,7 @@ import msgpack
 import pytest
 import zmq
 
+from dp_util import hashes, wire_maker
 from test_protocol import Wire
 
 CHUNK = 32
@@ -20,14 +20,7 @@ MODEL = "limits-model"
 
 @pytest.fixture
 def srv(make_server):
-    def make(*args, **kw):
-        s = make_server(args=["--chunk-size", str(CHUNK)] + list(args), **kw)
-        return s, Wire(s.zmq_port)
-    return make
-
-
-def hashes(n, tag=b""):
-    return [hashlib.sha256(tag + struct.pack(">I", i)).digest() for i in range(n)]
+    return wire_maker(make_server, CHUNK)
 
 
 def proc_status(pid, field):

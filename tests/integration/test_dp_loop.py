@@ -1,12 +1,11 @@
 """Small requests run by the data socket's loop thread (docs/protocol.md, Concurrency and
 ordering): a client's replies keep the order of its requests whichever thread ran them, and
 only bounded work runs on the loop (few objects, small payloads, small sessions)."""
-import hashlib
-import struct
 
 import msgpack
 import pytest
 
+from dp_util import hashes, wire_maker
 from test_protocol import Wire
 
 CHUNK = 32
@@ -15,14 +14,7 @@ MODEL = "loop-model"
 
 @pytest.fixture
 def srv(make_server):
-    def make(*args, **kw):
-        s = make_server(args=["--chunk-size", str(CHUNK)] + list(args), **kw)
-        return s, Wire(s.zmq_port)
-    return make
-
-
-def hashes(n, tag=b""):
-    return [hashlib.sha256(tag + struct.pack(">I", i)).digest() for i in range(n)]
+    return wire_maker(make_server, CHUNK)
 
 
 def metric(s, name, labels=""):
