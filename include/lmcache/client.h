@@ -240,6 +240,16 @@ typedef struct lmc_store_options {
      * there, or 30 s passed (docs/protocol.md, `wait_l2`); the reply then carries
      * l2_stored_chunks. Holds the server worker meanwhile: for tests, checkpoints and tools. */
     bool wait_l2;
+    /* store_bytes only: send each chunk as a frame of its own after the payload, straight from
+     * the caller's buffers (docs/protocol.md, `store_bytes` "Chunk frames"): no copy into the
+     * request. The buffers are read by the client's I/O thread after the send returns: with
+     * lmc_store_bytes_ex they are free again when it returns (a call that fails or times out
+     * after sending resets the connection to get them back: the connection's lookup sessions,
+     * registrations and the replies of other requests in flight are lost); with
+     * lmc_send_store_bytes_ex they must stay unchanged until this request's reply has been
+     * received, or until lmc_client_close returns. Servers before chunk frames answer
+     * bad_request. */
+    bool chunk_frames;
 } lmc_store_options;
 
 /* What a store reply says (docs/protocol.md, "What a store reply means"). */

@@ -145,14 +145,15 @@ class Pending:
     without blocking. Callbacks added with `add_done_callback(fn)` run, with the handle, inside
     whichever client call receives the reply."""
 
-    __slots__ = ("_client", "op", "rid", "_payload", "_decode", "_retry", "_done", "_value",
-                 "_exc", "_callbacks")
+    __slots__ = ("_client", "op", "rid", "_payload", "_frames", "_decode", "_retry", "_done",
+                 "_value", "_exc", "_callbacks")
 
     def __init__(self, client, op, payload, decode):
         self._client = client
         self.op = op
         self.rid = b""
         self._payload = payload
+        self._frames = ()  # frames after the payload (store_bytes chunk frames)
         self._decode = decode
         self._retry = None
         self._done = False
@@ -197,6 +198,7 @@ class Pending:
     def _finish(self, value=None, exc=None):
         self._value, self._exc, self._done = value, exc, True
         self._payload = None
+        self._frames = ()
         for fn in self._callbacks:
             fn(self)
         self._callbacks = []
@@ -299,7 +301,9 @@ class Client:
         p.rid = b"%d" % self._next
         body = p._payload
         try:
-            if len(body) > _BIG_FRAME:
+            if p._frames:  # sent from the caller's buffers, which pyzmq holds until sent
+                self._sock.send_multipart([p.rid, p.op.encode(), body, *p._frames], copy=False)
+            elif len(body) > _BIG_FRAME:
                 self._sock.send_multipart([p.rid, p.op.encode(), body], copy=False)
             else:
                 self._sock.send_multipart([p.rid, p.op.encode(), body])
@@ -308,15 +312,18 @@ class Client:
         self._pending[p.rid] = p
         return p
 
-    def send_raw(self, op, payload=None, decode=_dec_raw):
+    def send_raw(self, op, payload=None, decode=_dec_raw, frames=()):
         """Sends operation `op` with `payload` (a dict packed as the msgpack map, or bytes sent
-        verbatim as frame 2). The handle's result is the reply map (`decode`: a function of
-        (reply, op) for a typed one); an error reply raises LmcacheError."""
+        verbatim as frame 2) and `frames` after it (bytes-like, sent without a copy). The
+        handle's result is the reply map (`decode`: a function of (reply, op) for a typed one);
+        an error reply raises LmcacheError."""
         if isinstance(payload, (bytes, bytearray, memoryview)):
             body = bytes(payload)
         else:
             body = msgpack.packb(payload or {}, use_bin_type=True)
-        return self._transmit(Pending(self, op, body, decode))
+        p = Pending(self, op, body, decode)
+        p._frames = tuple(frames)
+        return self._transmit(p)
 
     def _resolve(self, p, reply):
         if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
@@ -537,10 +544,19 @@ class Client:
                                                        cache_salt), _dec_retrieve)
 
     def send_store_bytes(self, model_name, chunks, *, token_ids=None, chunk_hashes=None, start=0,
-                         end=None, cache_salt="", world_size=1, worker_id=0, wait_l2=False):
+                         end=None, cache_salt="", world_size=1, worker_id=0, wait_l2=False,
+                         chunk_frames=False):
         """chunks: one bytes-like object per chunk of the range, in the L1 object layout
-        [K|V][layer][token][bytes] (numpy arrays are sent as their bytes). wait_l2: as store."""
-        p = {"model_name": model_name, "chunks": [_as_bin(c) for c in chunks]}
+        [K|V][layer][token][bytes] (numpy arrays are sent as their bytes). wait_l2: as store.
+        chunk_frames=True sends each chunk as a frame after the payload, from its own buffer
+        (no copy into the request; keep the buffers unchanged until the reply has arrived);
+        servers before chunk frames answer bad_request."""
+        frames = ()
+        if chunk_frames:
+            frames = [_as_frame(c) for c in chunks]
+            p = {"model_name": model_name, "chunk_frames": len(frames)}
+        else:
+            p = {"model_name": model_name, "chunks": [_as_bin(c) for c in chunks]}
         if wait_l2:
             p["wait_l2"] = True
         if world_size != 1:
@@ -548,7 +564,7 @@ class Client:
         if worker_id:
             p["worker_id"] = worker_id
         return self.send_raw("store_bytes", _chunk_fields(p, token_ids, chunk_hashes, start, end,
-                                                          cache_salt), _dec_store)
+                                                          cache_salt), _dec_store, frames)
 
     def send_retrieve_bytes(self, model_name, *, token_ids=None, chunk_hashes=None, start=0,
                             end=None, cache_salt="", world_size=1, worker_id=0, request_id=None,
@@ -667,6 +683,16 @@ def _as_bin(c):
     if isinstance(c, np.ndarray):
         return c.tobytes()
     return bytes(c)
+
+
+def _as_frame(c):
+    """A chunk as a frame: its own buffer when it is contiguous (no copy), else its bytes."""
+    if isinstance(c, bytes):
+        return c
+    if isinstance(c, np.ndarray):
+        return c if c.flags.c_contiguous else c.tobytes()
+    m = memoryview(c)
+    return m if m.contiguous else m.tobytes()
 
 
 class _ProofAnswer:

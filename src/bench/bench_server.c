@@ -654,18 +654,21 @@ out:
 
 /* ---- throughput mode --------------------------------------------------------------------- */
 
-/* PH_RETRIEVE_FRAMES: retrieve_bytes with chunk_frames (the chunks sent from L1 as frames). */
+/* PH_STORE_FRAMES: store_bytes with chunk_frames (the chunks sent from the client's buffers
+ * as frames); PH_RETRIEVE_FRAMES: retrieve_bytes with chunk_frames (sent from L1 as frames). */
 enum {
     PH_STORE,
     PH_LOOKUP,
     PH_RETRIEVE,
     PH_STORE_BYTES,
+    PH_STORE_FRAMES,
     PH_RETRIEVE_BYTES,
     PH_RETRIEVE_FRAMES,
     NPHASE
 };
-static const char *const PHASE_NAMES[NPHASE] = {"store (shm)", "lookup",         "retrieve (shm)",
-                                                "store_bytes", "retrieve_bytes", "retrieve_frames"};
+static const char *const PHASE_NAMES[NPHASE] = {"store (shm)",    "lookup",       "retrieve (shm)",
+                                                "store_bytes",    "store_frames", "retrieve_bytes",
+                                                "retrieve_frames"};
 
 struct worker {
     const struct opts *o;
@@ -796,6 +799,21 @@ static void *worker_main(void *arg) {
                                 sh->nchunks, &stored, &skipped, &e) != LMC_OK)
                 fail(w, "store_bytes", &e);
             w->bytes[PH_STORE_BYTES] += stored * sh->chunk_obj;
+        }
+        pthread_barrier_wait(w->bar);
+        /* Phase 3b: store_bytes with chunk_frames (salt "f"). */
+        pthread_barrier_wait(w->bar);
+        lmc_store_options so = {.chunk_frames = true};
+        for (int p = 0; p < o->prompts && !w->failed; p++) {
+            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
+                             .num_tokens = ntok,
+                             .end = -1,
+                             .cache_salt = "f"};
+            lmc_store_result res;
+            if (lmc_store_bytes_ex(c, o->model, 1, 0, &ch, (const void *const *)objs, lens,
+                                   sh->nchunks, &so, &res, &e) != LMC_OK)
+                fail(w, "store_bytes chunk_frames", &e);
+            w->bytes[PH_STORE_FRAMES] += res.stored_chunks * sh->chunk_obj;
         }
         pthread_barrier_wait(w->bar);
         /* Phase 4: retrieve_bytes. */
@@ -996,7 +1014,7 @@ static int run_throughput(const struct opts *o) {
         }
     double secs[NPHASE] = {0};
     /* The phases in the order the workers run them; each is bracketed by two barriers. */
-    int phases[1 + 2 * MAX_ROUNDS + 3];
+    int phases[1 + 2 * MAX_ROUNDS + 4];
     int np = 0;
     phases[np++] = PH_STORE;
     for (int r = 0; r < o->rounds; r++) {
@@ -1005,6 +1023,7 @@ static int run_throughput(const struct opts *o) {
     }
     if (o->bytes_path) {
         phases[np++] = PH_STORE_BYTES;
+        phases[np++] = PH_STORE_FRAMES;
         phases[np++] = PH_RETRIEVE_BYTES;
         phases[np++] = PH_RETRIEVE_FRAMES;
     }

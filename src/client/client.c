@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,7 +161,44 @@ struct lmc_client {
     lmc_reply *pending; /* replies received while waiting for another id, newest first */
     uint64_t abandoned[MAX_ABANDONED]; /* ids of timed-out synchronous calls: replies dropped */
     size_t nabandoned;
+    /* What a new socket needs (lmc_client_reset after a failed store with chunk frames). */
+    char endpoint[300];
+    int connect_ms;
+    bool curve;
+    char curve_keys[3][41];
+    /* Chunk frames libzmq still holds (the caller's buffers): released by zc_release. */
+    pthread_mutex_t zc_lock;
+    pthread_cond_t zc_cond;
+    size_t zc_held;
 };
+
+/* Opens c->sock and connects it to c->endpoint; 0, or -1 with zmq_errno set and no socket. */
+static int open_socket(lmc_client *c) {
+    int zero = 0;
+    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (!c->sock) return -1;
+    /* Pipelining: no high-water mark, so a deep pipeline never blocks or drops. */
+    if (zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_SNDHWM, &zero, sizeof(zero)) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_RCVHWM, &zero, sizeof(zero)) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(int)) != 0)
+        goto fail;
+#ifdef ZMQ_CONNECT_TIMEOUT
+    if (zmq_setsockopt(c->sock, ZMQ_CONNECT_TIMEOUT, &c->connect_ms, sizeof(int)) != 0) goto fail;
+#endif
+    if (c->curve && (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->curve_keys[0], 40) != 0 ||
+                     zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->curve_keys[1], 40) != 0 ||
+                     zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->curve_keys[2], 40) != 0))
+        goto fail;
+    if (zmq_connect(c->sock, c->endpoint) != 0) goto fail;
+    return 0;
+fail:;
+    int e = zmq_errno();
+    zmq_close(c->sock);
+    c->sock = NULL;
+    errno = e;
+    return -1;
+}
 
 LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_client_options *opts,
                                                lmc_client **out, lmc_error *err) {
@@ -178,28 +216,21 @@ LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_c
     c->next_id = 1;
     int connect_ms =
         opts && opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : DEFAULT_CONNECT_MS;
-    int zero = 0;
     c->zctx = zmq_ctx_new();
     if (!c->zctx) goto zfail;
-    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
-    if (!c->sock) goto zfail;
-    /* Pipelining: no high-water mark, so a deep pipeline never blocks or drops. */
-    if (zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
-        zmq_setsockopt(c->sock, ZMQ_SNDHWM, &zero, sizeof(zero)) != 0 ||
-        zmq_setsockopt(c->sock, ZMQ_RCVHWM, &zero, sizeof(zero)) != 0 ||
-        zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(int)) != 0)
-        goto zfail;
-#ifdef ZMQ_CONNECT_TIMEOUT
-    if (zmq_setsockopt(c->sock, ZMQ_CONNECT_TIMEOUT, &connect_ms, sizeof(int)) != 0) goto zfail;
-#else
-    (void)connect_ms;
-#endif
+    if (strlen(endpoint) >= sizeof(c->endpoint)) {
+        zmq_ctx_term(c->zctx);
+        free(c);
+        lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "endpoint too long");
+        return LMC_ERR_INVALID_ARGUMENT;
+    }
+    snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+    c->connect_ms = connect_ms;
     if (opts && (opts->curve_server_key || opts->curve_public_key || opts->curve_secret_key)) {
         const char *keys[3] = {opts->curve_server_key, opts->curve_public_key,
                                opts->curve_secret_key};
         for (int i = 0; i < 3; i++)
             if (!keys[i] || strlen(keys[i]) != 40) {
-                zmq_close(c->sock);
                 zmq_ctx_term(c->zctx);
                 free(c);
                 lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT,
@@ -207,18 +238,18 @@ LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_c
                                "characters each");
                 return LMC_ERR_INVALID_ARGUMENT;
             }
-        if (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, keys[0], 40) != 0 ||
-            zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, keys[1], 40) != 0 ||
-            zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, keys[2], 40) != 0)
-            goto zfail;
+        c->curve = true;
+        for (int i = 0; i < 3; i++) memcpy(c->curve_keys[i], keys[i], 41);
     }
-    if (zmq_connect(c->sock, endpoint) != 0) goto zfail;
+    if (open_socket(c) != 0) goto zfail;
+    pthread_mutex_init(&c->zc_lock, NULL);
+    pthread_cond_init(&c->zc_cond, NULL);
     *out = c;
     return LMC_OK;
 zfail:
     lmcc_set_error(err, LMC_ERR_TRANSPORT, "zmq (%s): %s", endpoint, zmq_strerror(zmq_errno()));
-    if (c->sock) zmq_close(c->sock);
     if (c->zctx) zmq_ctx_term(c->zctx);
+    explicit_bzero(c->curve_keys, sizeof(c->curve_keys));
     free(c);
     return LMC_ERR_TRANSPORT;
 }
@@ -247,7 +278,10 @@ LMC_API void lmc_client_close(lmc_client *c) {
         lmc_reply_free(r);
     }
     zmq_close(c->sock);
-    zmq_ctx_term(c->zctx);
+    zmq_ctx_term(c->zctx); /* every chunk frame is released by now */
+    pthread_cond_destroy(&c->zc_cond);
+    pthread_mutex_destroy(&c->zc_lock);
+    explicit_bzero(c->curve_keys, sizeof(c->curve_keys));
     free(c);
 }
 
@@ -264,15 +298,31 @@ static void free_cb(void *data, void *hint) {
     free(data);
 }
 
-/* Sends [id][op][payload]; takes ownership of `payload` (malloc'ed, freed by ZMQ after sending,
- * or here on failure). */
-static lmc_status send_frames(lmc_client *c, const char *op, char *payload, size_t len,
-                              lmc_req_id *id, lmc_error *err) {
+/* Releases one chunk frame: libzmq is done with the caller's buffer. */
+static void zc_release(void *data, void *hint) {
+    (void)data;
+    lmc_client *c = hint;
+    pthread_mutex_lock(&c->zc_lock);
+    if (--c->zc_held == 0) pthread_cond_broadcast(&c->zc_cond);
+    pthread_mutex_unlock(&c->zc_lock);
+}
+
+/* Sends [id][op][payload][frame 0..nframes); takes ownership of `payload` (malloc'ed, freed by
+ * ZMQ after sending, or here on failure). The frames are sent from the caller's buffers, which
+ * libzmq holds until zc_release. */
+static lmc_status send_frames_ex(lmc_client *c, const char *op, char *payload, size_t len,
+                                 const void *const *frames, const size_t *lens, size_t nframes,
+                                 lmc_req_id *id, lmc_error *err) {
     char idbuf[MAX_REQUEST_ID_BYTES];
     uint64_t rid = c->next_id++;
     int idn = snprintf(idbuf, sizeof(idbuf), "%llu", (unsigned long long)rid);
     zmq_msg_t body;
     int rc;
+    if (!c->sock) {
+        free(payload);
+        lmcc_set_error(err, LMC_ERR_TRANSPORT, "send %s: the connection could not be reopened", op);
+        return LMC_ERR_TRANSPORT;
+    }
     if (payload && len) {
         rc = zmq_msg_init_data(&body, payload, len, free_cb, NULL);
     } else {
@@ -284,11 +334,29 @@ static lmc_status send_frames(lmc_client *c, const char *op, char *payload, size
         lmcc_set_error(err, LMC_ERR_NO_MEMORY, "zmq_msg_init: %s", zmq_strerror(zmq_errno()));
         return LMC_ERR_NO_MEMORY;
     }
+    int more = nframes ? ZMQ_SNDMORE : 0, e = 0;
     if (zmq_send(c->sock, idbuf, (size_t)idn, ZMQ_SNDMORE) < 0 ||
-        zmq_send(c->sock, op, strlen(op), ZMQ_SNDMORE) < 0 || zmq_msg_send(&body, c->sock, 0) < 0) {
-        int e = zmq_errno();
+        zmq_send(c->sock, op, strlen(op), ZMQ_SNDMORE) < 0 ||
+        zmq_msg_send(&body, c->sock, more) < 0)
+        e = zmq_errno();
+    for (size_t i = 0; i < nframes && !e; i++) {
+        zmq_msg_t f;
+        pthread_mutex_lock(&c->zc_lock);
+        c->zc_held++;
+        pthread_mutex_unlock(&c->zc_lock);
+        if (zmq_msg_init_data(&f, (void *)frames[i], lens[i], zc_release, c) != 0) {
+            zc_release(NULL, c); /* not taken: libzmq never calls it */
+            e = ENOMEM;
+            break;
+        }
+        if (zmq_msg_send(&f, c->sock, i + 1 < nframes ? ZMQ_SNDMORE : 0) < 0) e = zmq_errno();
+        if (e) zmq_msg_close(&f); /* releases the frame */
+    }
+    if (e) {
         zmq_msg_close(&body);
-        lmc_status s = e == EAGAIN ? LMC_ERR_TIMEOUT : LMC_ERR_TRANSPORT;
+        lmc_status s = e == EAGAIN   ? LMC_ERR_TIMEOUT
+                       : e == ENOMEM ? LMC_ERR_NO_MEMORY
+                                     : LMC_ERR_TRANSPORT;
         lmcc_set_error(err, s, "send %s: %s", op,
                        e == EAGAIN ? "no server accepted the request in time" : zmq_strerror(e));
         return s;
@@ -298,9 +366,29 @@ static lmc_status send_frames(lmc_client *c, const char *op, char *payload, size
     return LMC_OK;
 }
 
+static lmc_status send_frames(lmc_client *c, const char *op, char *payload, size_t len,
+                              lmc_req_id *id, lmc_error *err) {
+    return send_frames_ex(c, op, payload, len, NULL, NULL, 0, id, err);
+}
+
+/* Gets the caller's buffers back from libzmq after a store with chunk frames failed without a
+ * reply: closes the socket (libzmq then drops the frames it still holds, and releases them),
+ * waits for the release, and opens a new connection. Replies still in flight are lost. */
+static void reset_connection(lmc_client *c) {
+    if (c->sock) zmq_close(c->sock);
+    c->sock = NULL;
+    pthread_mutex_lock(&c->zc_lock);
+    while (c->zc_held) pthread_cond_wait(&c->zc_cond, &c->zc_lock);
+    pthread_mutex_unlock(&c->zc_lock);
+    c->in_flight = 0;
+    c->nabandoned = 0;
+    (void)open_socket(c); /* on failure c->sock stays NULL: later sends fail */
+}
+
 /* Finishes `m` and sends it as the payload of `op`. Destroys `m` in every case. */
-static lmc_status send_map(lmc_client *c, const char *op, struct lmcc_map *m, lmc_req_id *id,
-                           lmc_error *err) {
+static lmc_status send_map_frames(lmc_client *c, const char *op, struct lmcc_map *m,
+                                  const void *const *frames, const size_t *lens, size_t nframes,
+                                  lmc_req_id *id, lmc_error *err) {
     if (lmcc_map_finish(m) != 0) {
         lmcc_map_destroy(m);
         lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory encoding %s", op);
@@ -309,7 +397,12 @@ static lmc_status send_map(lmc_client *c, const char *op, struct lmcc_map *m, lm
     size_t len = m->buf.size;
     char *data = msgpack_sbuffer_release(&m->buf);
     lmcc_map_destroy(m);
-    return send_frames(c, op, data, len, id, err);
+    return send_frames_ex(c, op, data, len, frames, lens, nframes, id, err);
+}
+
+static lmc_status send_map(lmc_client *c, const char *op, struct lmcc_map *m, lmc_req_id *id,
+                           lmc_error *err) {
+    return send_map_frames(c, op, m, NULL, NULL, 0, id, err);
 }
 
 LMC_API lmc_status lmc_send_raw(lmc_client *c, const char *op, const void *payload, size_t len,
@@ -596,11 +689,13 @@ LMC_API lmc_status lmc_send_store_bytes_ex(lmc_client *c, const char *model_name
     if (!model_name) return bad_arg(err, "model_name is required");
     if (num_chunks && (!chunks || !chunk_lens)) return bad_arg(err, "chunks is NULL");
     if (num_chunks > UINT32_MAX) return bad_arg(err, "too many chunks");
+    bool frames = opts && opts->chunk_frames;
     size_t total = 0;
     for (size_t i = 0; i < num_chunks; i++) {
         if (chunk_lens[i] > UINT32_MAX) return bad_arg(err, "a chunk is larger than 4 GiB");
+        if (frames && !chunk_lens[i]) return bad_arg(err, "a chunk is empty");
         if (total + chunk_lens[i] + 5 < total) return bad_arg(err, "chunks too large");
-        total += chunk_lens[i] + 5; /* bin32 header */
+        if (!frames) total += chunk_lens[i] + 5; /* bin32 header */
     }
     struct lmcc_map m;
     lmcc_map_init(&m);
@@ -621,6 +716,10 @@ LMC_API lmc_status lmc_send_store_bytes_ex(lmc_client *c, const char *model_name
     if (s != LMC_OK) {
         lmcc_map_destroy(&m);
         return s;
+    }
+    if (frames) { /* the chunks follow the payload, sent from the caller's buffers */
+        lmcc_put_int(&m, "chunk_frames", (int64_t)num_chunks);
+        return send_map_frames(c, "store_bytes", &m, chunks, chunk_lens, num_chunks, id, err);
     }
     lmcc_put_key(&m, "chunks");
     if (msgpack_pack_array(&m.pk, num_chunks) != 0) m.failed = 1;
@@ -932,6 +1031,13 @@ LMC_API lmc_status lmc_store_bytes_ex(lmc_client *c, const char *model_name, int
                           lmc_send_store_bytes_ex(c, model_name, world_size, worker_id, ch, chunks,
                                                   chunk_lens, num_chunks, opts, &id, err),
                           &id, &r, err);
+    /* Without a reply, libzmq may still hold the caller's chunk frames: take them back. */
+    if (!r && opts && opts->chunk_frames) {
+        pthread_mutex_lock(&c->zc_lock);
+        bool held = c->zc_held != 0;
+        pthread_mutex_unlock(&c->zc_lock);
+        if (held) reset_connection(c);
+    }
     s = store_result(s, r, res, err);
     lmc_reply_free(r);
     return s;

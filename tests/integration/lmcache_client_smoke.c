@@ -1,6 +1,10 @@
 /* lmcache_client_smoke HOST PORT: drives a running `lmcache server` through every operation of
  * liblmcache-client (linked as the shared library) and checks every byte that comes back.
+ * lmcache_client_smoke HOST PORT frames-reset SERVER_PID: a store with chunk frames that times
+ * out (the server is stopped with SIGSTOP meanwhile) gives the caller's buffer back and is
+ * never delivered later; the client works again once the server resumes.
  * Prints one line per step; exit 0 when all pass, 1 otherwise. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,9 +40,68 @@ static void fill(unsigned char *p, size_t n, unsigned seed) {
     }
 }
 
+static int frames_reset(const char *host, int port, pid_t server) {
+    lmc_error e;
+    lmc_client *c;
+    lmc_client_options o = {.timeout_ms = 1000};
+    if (lmc_client_connect(host, port, &o, &c, &e) != LMC_OK) {
+        printf("FAIL connect: %s\n", e.message);
+        return 1;
+    }
+    check("noop", lmc_noop(c, &e), &e);
+    /* Larger than the socket buffers of both ends: libzmq still holds it at the timeout. */
+    size_t big = 64u << 20;
+    unsigned char *buf = malloc(big), h[2][32];
+    if (!buf) return 1;
+    fill(buf, big, 5);
+    memset(h, 0, sizeof(h));
+    h[0][0] = 1;
+    h[1][0] = 2;
+    lmc_chunks ch = {.chunk_hashes = h[0], .num_chunk_hashes = 1, .hash_len = 32, .end = -1};
+    const void *bufs[1] = {buf};
+    size_t lens[1] = {big};
+    lmc_store_options fo = {.chunk_frames = true};
+    lmc_store_result res;
+    kill(server, SIGSTOP);
+    lmc_status s = lmc_store_bytes_ex(c, "reset-model", 1, 0, &ch, bufs, lens, 1, &fo, &res, &e);
+    expect("a store with chunk frames to a stopped server times out", s == LMC_ERR_TIMEOUT);
+    /* The buffer is the caller's again: overwrite and free it. Were it still being sent, the
+     * server would get these bytes (or freed memory) once it resumes. */
+    memset(buf, 0xaa, big);
+    free(buf);
+    kill(server, SIGCONT);
+    lmc_client_set_timeout(c, 20000);
+    check("noop on the new connection", lmc_noop(c, &e), &e);
+    uint64_t hits = 99;
+    check("lookup of the timed-out chunk",
+          lmc_lookup_wait(c, "reset-1", "reset-model", 1, &ch, 1, 0, &hits, &e), &e);
+    expect("the timed-out store was never delivered", hits == 0);
+    check("end_session", lmc_end_session(c, "reset-1", &e), &e);
+    unsigned char small[4096];
+    fill(small, sizeof(small), 6);
+    bufs[0] = small;
+    lens[0] = sizeof(small);
+    ch.chunk_hashes = h[1];
+    check("store with chunk frames after the reset",
+          lmc_store_bytes_ex(c, "reset-model", 1, 0, &ch, bufs, lens, 1, &fo, &res, &e), &e);
+    expect("stored", res.stored_chunks == 1);
+    lmc_reply *r = NULL;
+    const void *b = NULL;
+    size_t l = 0;
+    check("retrieve_bytes", lmc_retrieve_bytes(c, "reset-model", 1, 0, &ch, NULL, &r, &e), &e);
+    expect("the bytes stored",
+           r && lmc_reply_chunk(r, 0, &b, &l) && l == sizeof(small) && !memcmp(b, small, l));
+    lmc_reply_free(r);
+    lmc_client_close(c);
+    printf("%s\n", failures ? "FAILED" : "OK");
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[3], "frames-reset"))
+        return frames_reset(argv[1], atoi(argv[2]), (pid_t)atoi(argv[4]));
     if (argc != 3) {
-        fprintf(stderr, "usage: %s HOST PORT\n", argv[0]);
+        fprintf(stderr, "usage: %s HOST PORT [frames-reset SERVER_PID]\n", argv[0]);
         return 2;
     }
     lmc_error e;
@@ -187,6 +250,35 @@ int main(int argc, char **argv) {
                !lmc_reply_chunk(r, 1, &b0, &l0));
     lmc_reply_free(r);
 
+    /* store_bytes with chunk frames: sent from the caller's buffer, synchronous and pipelined. */
+    unsigned char *obj3 = malloc(lens[0]);
+    uint32_t *toks3 = malloc(chunk * sizeof(uint32_t));
+    if (!obj3 || !toks3) return 1;
+    for (size_t i = 0; i < chunk; i++) toks3[i] = (uint32_t)(9u << 28) + (uint32_t)i;
+    fill(obj3, lens[0], 43);
+    lmc_chunks ch3 = {.token_ids = toks3, .num_tokens = chunk, .end = -1};
+    const void *bufs3[1] = {obj3};
+    lmc_store_options fo = {.chunk_frames = true};
+    check("store_bytes_ex chunk_frames",
+          lmc_store_bytes_ex(c, "smoke-model", 1, 0, &ch3, bufs3, lens, 1, &fo, &sr, &e), &e);
+    expect("store_bytes_ex chunk_frames stored 1", sr.stored_chunks == 1 && sr.skipped_chunks == 0);
+    r = NULL;
+    check("retrieve_bytes of a chunk stored as a frame",
+          lmc_retrieve_bytes(c, "smoke-model", 1, 0, &ch3, NULL, &r, &e), &e);
+    expect("chunk stored as a frame is byte-identical",
+           r && lmc_reply_chunk(r, 0, &b0, &l0) && l0 == lens[0] && !memcmp(b0, obj3, l0));
+    lmc_reply_free(r);
+    lmc_req_id fid = 0;
+    check("send_store_bytes_ex chunk_frames",
+          lmc_send_store_bytes_ex(c, "smoke-model", 1, 0, &ch3, bufs3, lens, 1, &fo, &fid, &e), &e);
+    r = NULL;
+    check("wait for it", lmc_wait(c, fid, &r, &e), &e);
+    expect("pipelined store with chunk frames skipped the resident chunk",
+           r && lmc_reply_store_result(r, &sr, &e) == LMC_OK && sr.skipped_chunks == 1);
+    lmc_reply_free(r);
+    free(obj3);
+    free(toks3);
+
     /* Pipelined: 64 noops and a get_chunk_size, collected newest first. */
     lmc_req_id ids[65];
     for (int i = 0; i < 64; i++) lmc_send_noop(c, &ids[i], &e);
@@ -216,7 +308,7 @@ int main(int argc, char **argv) {
     expect("ping server_time", t > 0);
     uint64_t cleared = 0;
     check("clear", lmc_clear(c, &cleared, &e), &e);
-    expect("clear freed the 3 objects", cleared == 3);
+    expect("clear freed the 4 objects", cleared == 4);
     check("unregister_kv_cache", lmc_unregister_kv_cache(c, kv, &e), &e);
     s = lmc_unregister_instance(c, 7, &e);
     expect("second unregister is not_registered", s == LMC_ERR_NOT_REGISTERED);

@@ -4,6 +4,7 @@ and the installed library (cmake --install, pkg-config) building the example of 
 import os
 import re
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -30,6 +31,21 @@ def test_smoke_program_every_operation(server):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith("OK")
     assert "FAIL" not in r.stdout
+
+
+def test_store_with_chunk_frames_that_times_out_gives_the_buffer_back(make_server):
+    """The smoke program stops the server (SIGSTOP) under a 64 MiB store with chunk frames:
+    the call times out, the client resets its connection to take the frames back from libzmq,
+    the caller frees the buffer, and the store never reaches the server once it resumes."""
+    s = make_server()
+    exe = os.path.join(BUILD, "lmcache_client_smoke")
+    try:
+        r = run([exe, "127.0.0.1", str(s.zmq_port), "frames-reset", str(s.proc.pid)], timeout=120)
+    finally:
+        os.kill(s.proc.pid, signal.SIGCONT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok   the timed-out store was never delivered" in r.stdout, r.stdout
+    assert r.stdout.strip().endswith("OK")
 
 
 def test_bench_correctness_passes(make_server):

@@ -53,6 +53,9 @@ struct worker;
 
 struct dp_req {
     zmq_msg_t id, rid, op, payload;
+    zmq_msg_t *extra;      /* frames after the payload (store_bytes chunk frames), or NULL */
+    struct dp_blob *blobs; /* their data and sizes */
+    uint32_t nextra;
     struct worker *w; /* charged with cost; NULL for a request rejected by the loop */
     size_t cost;
     void *sock;   /* the socket it came from (tcp or ipc); the reply goes back there */
@@ -123,6 +126,24 @@ static size_t frames_size(zmq_msg_t *id, zmq_msg_t *rid, zmq_msg_t *op) {
     return zmq_msg_size(id) + zmq_msg_size(rid) + zmq_msg_size(op);
 }
 
+/* Closes a request's payload and the frames after it (the routing frames stay). */
+static void close_payload(struct dp_req *req) {
+    zmq_msg_close(&req->payload);
+    for (uint32_t i = 0; i < req->nextra; i++) zmq_msg_close(&req->extra[i]);
+    free(req->extra);
+    free(req->blobs);
+    req->extra = NULL;
+    req->blobs = NULL;
+    req->nextra = 0;
+}
+
+/* Bytes of the payload and of the frames after it. */
+static size_t payload_size(struct dp_req *req) {
+    size_t n = zmq_msg_size(&req->payload);
+    for (uint32_t i = 0; i < req->nextra; i++) n += zmq_msg_size(&req->extra[i]);
+    return n;
+}
+
 /* Queues a reply for the loop thread. Takes ownership of the frames in req (closing payload),
  * of body and of the chunk frames fr[0..nfr) (NULL: none). The worker's charge for the request
  * becomes a charge for the reply: chunk frames count with their whole size, pinned L1 memory
@@ -144,7 +165,7 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
         zmq_msg_close(&req->id);
         zmq_msg_close(&req->rid);
         zmq_msg_close(&req->op);
-        zmq_msg_close(&req->payload);
+        close_payload(req);
         free(req);
         return;
     }
@@ -158,7 +179,7 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     zmq_msg_close(&req->id);
     zmq_msg_close(&req->rid);
     zmq_msg_close(&req->op);
-    zmq_msg_close(&req->payload);
+    close_payload(req);
     free(req);
     o->body = body;
     o->len = len;
@@ -243,7 +264,8 @@ static void run(struct dataplane *dp, struct dp_req *req) {
     dp_reply_init(&r);
     peer_of(dp, req, &peer);
     dataplane_handle_peer(dp->e, &peer, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
-                          zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), &r);
+                          zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), req->blobs,
+                          req->nextra, &r);
     size_t len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
     struct dp_frame *fr = r.frames;
@@ -288,8 +310,7 @@ static void dispatch(struct dataplane *dp, struct dp_req *req) {
     atomic_fetch_add_explicit(&w->held, 1, memory_order_relaxed);
     req->next = NULL;
     req->w = w;
-    req->cost =
-        sizeof(*req) + zmq_msg_size(&req->payload) + frames_size(&req->id, &req->rid, &req->op);
+    req->cost = sizeof(*req) + payload_size(req) + frames_size(&req->id, &req->rid, &req->op);
     atomic_fetch_add(&w->charged, req->cost);
     pthread_mutex_lock(&w->lock);
     if (w->tail)
@@ -322,7 +343,8 @@ static void reject(struct dataplane *dp, struct dp_req *req, const char *code, c
     char *body = msgpack_sbuffer_release(&r.buf);
     dp_reply_free(&r);
     if (body && atomic_load_explicit(&worker_of(dp, req)->held, memory_order_acquire) != 0) {
-        msg_clear(&req->payload);
+        close_payload(req);
+        zmq_msg_init(&req->payload);
         req->answer = body;
         req->answer_len = len;
         dispatch(dp, req);
@@ -350,7 +372,10 @@ static void receive_one(struct dataplane *dp, void *sock) {
     req->sock = sock;
     zmq_msg_t *slots[4] = {&req->id, &req->rid, &req->op, &req->payload};
     for (int i = 0; i < 4; i++) zmq_msg_init(slots[i]);
-    int nframes = 0, more = 1;
+    /* Frames after the payload (store_bytes chunk frames) are kept up to --max-request-objects
+     * of them (no range holds more chunks); a request with more is answered too_large. */
+    uint32_t cap = 0, max_extra = (uint32_t)dp->e->cfg->max_request_objects;
+    int nframes = 0, more = 1, overflow = 0;
     while (more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -364,11 +389,28 @@ static void receive_one(struct dataplane *dp, void *sock) {
             break;
         }
         more = zmq_msg_more(&m);
-        if (nframes < 4) zmq_msg_move(slots[nframes], &m);
+        if (nframes < 4) {
+            zmq_msg_move(slots[nframes], &m);
+        } else if (!overflow && req->nextra < max_extra) {
+            if (req->nextra == cap) {
+                uint32_t ncap = cap ? (cap > max_extra / 2 ? max_extra : cap * 2) : 8;
+                zmq_msg_t *x = realloc(req->extra, (size_t)ncap * sizeof(*x));
+                if (x) req->extra = x;
+                if (x) cap = ncap;
+            }
+            if (req->nextra < cap) {
+                zmq_msg_init(&req->extra[req->nextra]);
+                zmq_msg_move(&req->extra[req->nextra++], &m);
+            } else {
+                overflow = 1; /* out of memory */
+            }
+        } else {
+            overflow = 1;
+        }
         zmq_msg_close(&m);
         nframes++;
     }
-    if (nframes != 4) {
+    if (nframes < 4) {
         char why[96];
         snprintf(why, sizeof(why),
                  "a request has 3 frames (request id, operation, payload), got %d", nframes - 1);
@@ -381,14 +423,32 @@ static void receive_one(struct dataplane *dp, void *sock) {
         reject(dp, req, DP_BAD_REQUEST, "the request id must be 1 to 64 bytes");
         return;
     }
-    if (zmq_msg_size(&req->payload) > dp->max_msg) {
-        char why[96];
-        snprintf(why, sizeof(why), "payload of %zu bytes exceeds --max-message-mb",
-                 zmq_msg_size(&req->payload));
+    if (overflow) {
+        char why[128];
+        snprintf(why, sizeof(why),
+                 "%d frames after the payload: more than --max-request-objects (%u)", nframes - 4,
+                 max_extra);
         reject(dp, req, DP_TOO_LARGE, why);
         return;
     }
-    malloc_keep_for(zmq_msg_size(&req->payload));
+    if (payload_size(req) > dp->max_msg) {
+        char why[96];
+        snprintf(why, sizeof(why), "payload of %zu bytes exceeds --max-message-mb",
+                 payload_size(req));
+        reject(dp, req, DP_TOO_LARGE, why);
+        return;
+    }
+    if (req->nextra) {
+        req->blobs = malloc((size_t)req->nextra * sizeof(*req->blobs));
+        if (!req->blobs) {
+            reject(dp, req, DP_OUT_OF_MEMORY, "out of memory for the request's frames");
+            return;
+        }
+        for (uint32_t i = 0; i < req->nextra; i++)
+            req->blobs[i] =
+                (struct dp_blob){zmq_msg_data(&req->extra[i]), zmq_msg_size(&req->extra[i])};
+    }
+    malloc_keep_for(payload_size(req));
     if (run_small(dp, req)) return;
     dispatch(dp, req);
 }
@@ -454,7 +514,7 @@ static void send_replies(struct dataplane *dp) {
  * of the file). 1 when it was answered, 0 when it must go to the worker. */
 static int run_small(struct dataplane *dp, struct dp_req *req) {
     struct worker *w = worker_of(dp, req);
-    if (zmq_msg_size(&req->payload) > DP_SMALL_MAX_BYTES ||
+    if (req->nextra || zmq_msg_size(&req->payload) > DP_SMALL_MAX_BYTES ||
         !dataplane_op_small(zmq_msg_data(&req->op), zmq_msg_size(&req->op)) ||
         atomic_load_explicit(&w->held, memory_order_acquire) != 0)
         return 0;
@@ -473,7 +533,7 @@ static int run_small(struct dataplane *dp, struct dp_req *req) {
     dp_reply_free(&r);
     if (dp->e->dpm.loop_requests) metric_inc(dp->e->dpm.loop_requests, 1);
     send_replies(dp); /* the client's earlier replies first */
-    zmq_msg_close(&req->payload);
+    close_payload(req);
     send_reply(req->sock, &req->id, &req->rid, &req->op, body, len, NULL, 0);
     free(req);
     return 1;

@@ -45,9 +45,17 @@ int dataplane_parse_peercred(const char *addr, uint32_t *uid, uint32_t *gid, int
  * and so do the fuzz driver and unit tests. The reply is always complete. */
 void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
                       size_t len, struct dp_reply *reply);
-/* The same for a given peer (NULL: an anonymous tcp peer, as dataplane_handle). */
+/* A frame of a request after its payload: the chunks of a store_bytes sent as frames. */
+struct dp_blob {
+    const void *data;
+    size_t len;
+};
+
+/* The same for a given peer (NULL: an anonymous tcp peer, as dataplane_handle) and the
+ * nframes frames that followed the payload (NULL, 0: none). */
 void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const char *op,
-                           size_t oplen, const void *payload, size_t len, struct dp_reply *reply);
+                           size_t oplen, const void *payload, size_t len,
+                           const struct dp_blob *frames, uint32_t nframes, struct dp_reply *reply);
 
 /* Largest payload of a request the loop thread may run itself (dataplane_handle_small). */
 #define DP_SMALL_MAX_BYTES 8192u

@@ -25,9 +25,11 @@ struct op_ctx {
     struct dp_reply *r;
     struct dp_err *err;
     uint64_t now;
-    const struct dp_peer *peer; /* NULL: an anonymous tcp peer */
-    uint32_t small_objects;     /* run only if the range has at most this many objects (0: any) */
-    int deferred;               /* set when the request is too big for small_objects */
+    const struct dp_peer *peer;   /* NULL: an anonymous tcp peer */
+    uint32_t small_objects;       /* run only if the range has at most this many objects (0: any) */
+    int deferred;                 /* set when the request is too big for small_objects */
+    const struct dp_blob *frames; /* frames after the payload (store_bytes chunk frames) */
+    uint32_t nframes;
 };
 
 /* The key sessions are bound to: the connection's (all zero for an anonymous peer). */
@@ -466,20 +468,19 @@ static int gather_fill_many(void *arg, const uint32_t *idx, void *const *dsts, u
     return kv_gather_many(g->pool, g->c, g->cs, ids, (unsigned char *const *)dsts, n, done);
 }
 
-/* store_bytes: chunks carried in the message (msgpack bins). */
+/* store_bytes: chunks carried in the message (msgpack bins or frames after the payload). */
 struct bin_src {
     struct copypool *pool;
-    const msgpack_object *chunks;
+    const struct dp_blob *chunks;
 };
 
 static uint64_t bin_size(void *arg, uint32_t i) {
-    return ((const struct bin_src *)arg)->chunks[i].via.bin.size;
+    return ((const struct bin_src *)arg)->chunks[i].len;
 }
 
 static int bin_fill(void *arg, uint32_t i, void *dst) {
     const struct bin_src *s = arg;
-    const msgpack_object *b = &s->chunks[i];
-    copypool_memcpy(s->pool, dst, b->via.bin.ptr, b->via.bin.size);
+    copypool_memcpy(s->pool, dst, s->chunks[i].data, s->chunks[i].len);
     return 0;
 }
 
@@ -628,39 +629,82 @@ static int parse_rank(struct op_ctx *o, uint32_t *world_size, uint32_t *rank) {
     return 0;
 }
 
+/* The chunks of a store_bytes: the `chunks` array of bins, or with `chunk_frames: N` the N
+ * frames after the payload. One per chunk of the range, none empty. *out is malloc'd. */
+static int parse_bytes_chunks(struct op_ctx *o, uint32_t want, struct dp_blob **out) {
+    int64_t nf = -1;
+    if (dp_int(o->m, "chunk_frames", 0, 0, UINT32_MAX, &nf, o->err) < 0) return -1;
+    uint32_t n;
+    const msgpack_object *arr = NULL;
+    if (nf >= 0) {
+        if (dp_get(o->m, "chunks")) {
+            dp_fail(o->err, DP_BAD_REQUEST, "a request with chunk_frames carries no chunks field");
+            return -1;
+        }
+        if ((uint64_t)nf != o->nframes) {
+            dp_fail(o->err, DP_BAD_REQUEST, "chunk_frames is %lld but %u frames follow the payload",
+                    (long long)nf, o->nframes);
+            return -1;
+        }
+        n = o->nframes;
+    } else {
+        if (o->nframes) {
+            dp_fail(o->err, DP_BAD_REQUEST,
+                    "%u frames follow the payload of a request without chunk_frames", o->nframes);
+            return -1;
+        }
+        if (dp_array(o->m, "chunks", 1, &arr, &n, o->err) < 0) return -1;
+    }
+    if (n != want) {
+        dp_fail(o->err, DP_BAD_REQUEST, "%u chunks sent for a range of %u chunks", n, want);
+        return -1;
+    }
+    struct dp_blob *c = malloc((size_t)(n ? n : 1) * sizeof(*c));
+    if (!c) {
+        dp_fail(o->err, DP_OUT_OF_MEMORY, "out of memory");
+        return -1;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (arr && arr[i].type != MSGPACK_OBJECT_BIN)
+            c[i].len = 0;
+        else if (arr)
+            c[i] = (struct dp_blob){arr[i].via.bin.ptr, arr[i].via.bin.size};
+        else
+            c[i] = o->frames[i];
+        if (c[i].len == 0) {
+            dp_fail(o->err, DP_BAD_REQUEST,
+                    arr ? "chunks[%u] must be non-empty bin" : "chunk frame %u is empty", i);
+            free(c);
+            return -1;
+        }
+    }
+    *out = c;
+    return 0;
+}
+
 static int op_store_bytes(struct op_ctx *o) {
     char model[KEYS_MODEL_NAME_MAX + 1];
     uint32_t ws, rank;
     struct engine_prompt cr;
-    const msgpack_object *chunks;
-    uint32_t n;
+    struct dp_blob *chunks = NULL;
     int rc = -1;
     if (parse_model(o, model, sizeof(model)) < 0 || parse_rank(o, &ws, &rank) < 0) return -1;
     memset(&cr, 0, sizeof(cr));
     metric_inc(o->e->dpm.stores_submitted, 1);
-    if (dp_array(o->m, "chunks", 1, &chunks, &n, o->err) < 0) goto out;
     if (parse_range(o, &cr, 1) < 0) goto out;
-    if (n != cr.end_chunk - cr.start_chunk) {
-        dp_fail(o->err, DP_BAD_REQUEST, "%u chunks sent for a range of %u chunks", n,
-                cr.end_chunk - cr.start_chunk);
-        goto out;
-    }
-    for (uint32_t i = 0; i < n; i++)
-        if (chunks[i].type != MSGPACK_OBJECT_BIN || chunks[i].via.bin.size == 0) {
-            dp_fail(o->err, DP_BAD_REQUEST, "chunks[%u] must be non-empty bin", i);
-            goto out;
-        }
+    uint32_t n = cr.end_chunk - cr.start_chunk;
+    if (parse_bytes_chunks(o, n, &chunks) < 0) goto out;
     /* An object of another size than the registered layout's could never be retrieved into
      * it, while lookups would count it: refuse it here rather than poison the key. */
     struct kv_layout layout;
     if (engine_context_layout(o->e, model, ws, &layout) == 0) {
         uint64_t want = kv_object_bytes(&layout, (uint32_t)o->e->cfg->chunk_size);
         for (uint32_t i = 0; i < n; i++)
-            if (chunks[i].via.bin.size != want) {
+            if (chunks[i].len != want) {
                 dp_fail(o->err, DP_BAD_REQUEST,
-                        "chunks[%u] is %u bytes; the KV layout registered for model_name "
+                        "chunks[%u] is %zu bytes; the KV layout registered for model_name "
                         "'%.256s' with world_size %u makes objects of %llu bytes",
-                        i, chunks[i].via.bin.size, model, ws, (unsigned long long)want);
+                        i, chunks[i].len, model, ws, (unsigned long long)want);
                 goto out;
             }
     }
@@ -683,6 +727,7 @@ static int op_store_bytes(struct op_ctx *o) {
     metric_inc(o->e->dpm.stores_finished, 1);
     rc = 0;
 out:
+    free(chunks);
     range_free(&cr);
     return rc;
 }
@@ -947,16 +992,18 @@ static const struct dp_op *find_op(const char *op, size_t oplen) {
 }
 
 static int handle(struct engine *e, const struct dp_peer *peer, const char *op, size_t oplen,
-                  const void *payload, size_t len, uint32_t small_objects, struct dp_reply *reply);
+                  const void *payload, size_t len, const struct dp_blob *frames, uint32_t nframes,
+                  uint32_t small_objects, struct dp_reply *reply);
 
 void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
                       size_t len, struct dp_reply *reply) {
-    dataplane_handle_peer(e, NULL, op, oplen, payload, len, reply);
+    dataplane_handle_peer(e, NULL, op, oplen, payload, len, NULL, 0, reply);
 }
 
 void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const char *op,
-                           size_t oplen, const void *payload, size_t len, struct dp_reply *reply) {
-    (void)handle(e, peer, op, oplen, payload, len, 0, reply);
+                           size_t oplen, const void *payload, size_t len,
+                           const struct dp_blob *frames, uint32_t nframes, struct dp_reply *reply) {
+    (void)handle(e, peer, op, oplen, payload, len, frames, nframes, 0, reply);
 }
 
 int dataplane_op_small(const char *op, size_t oplen) {
@@ -969,13 +1016,14 @@ int dataplane_handle_small(struct engine *e, const struct dp_peer *peer, const c
                            struct dp_reply *reply) {
     const struct dp_op *d = find_op(op, oplen);
     if (!d || !d->small || len > DP_SMALL_MAX_BYTES || max_objects == 0) return 0;
-    return handle(e, peer, op, oplen, payload, len, max_objects, reply);
+    return handle(e, peer, op, oplen, payload, len, NULL, 0, max_objects, reply);
 }
 
 /* Runs one request; 0 (nothing done, the reply untouched) when small_objects is set and the
  * request's range holds more objects, else 1 with the reply complete. */
 static int handle(struct engine *e, const struct dp_peer *peer, const char *op, size_t oplen,
-                  const void *payload, size_t len, uint32_t small_objects, struct dp_reply *reply) {
+                  const void *payload, size_t len, const struct dp_blob *frames, uint32_t nframes,
+                  uint32_t small_objects, struct dp_reply *reply) {
     struct dp_err err = {NULL, ""};
     const struct dp_op *d = find_op(op, oplen);
     uint64_t t0 = clock_mono_ns();
@@ -995,8 +1043,14 @@ static int handle(struct engine *e, const struct dp_peer *peer, const char *op, 
         msgpack_unpacked_init(&up);
         struct dp_map m;
         int deferred = 0;
-        if (dp_decode(payload, len, &up, &m, &err) == 0) {
-            struct op_ctx o = {e, &m, reply, &err, clock_mono_ns(), peer, small_objects, 0};
+        if (nframes && d->fn != op_store_bytes) {
+            dp_fail(&err, DP_BAD_REQUEST,
+                    "a %s request has 3 frames (request id, operation, payload), got %u; only "
+                    "store_bytes with chunk_frames carries frames after the payload",
+                    d->name, 3 + nframes);
+        } else if (dp_decode(payload, len, &up, &m, &err) == 0) {
+            struct op_ctx o = {e, &m,     reply,  &err, clock_mono_ns(), peer, small_objects,
+                               0, frames, nframes};
             ok = d->fn(&o) == 0;
             deferred = o.deferred;
         }
