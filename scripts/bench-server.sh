@@ -7,9 +7,11 @@
 #     store/retrieve and store_bytes/retrieve_bytes of 256-token chunks (8 KV heads x 128, bf16,
 #     16 tokens per block; the number of layers sets the object size: 1 MiB per layer), one
 #     client, in layer_major and block_major layouts, and the bytes path again over the ipc
-#     endpoint (--ipc-path); retrieve_bytes again with chunk_frames (rows bytes_retr_frames,
-#     bytes_retr_fr_ipc: the chunks sent from L1 as frames, no reply copy); the server's minor
-#     page faults per phase (--server-pid);
+#     endpoint (--ipc-path); store_bytes again with chunk_frames (rows bytes_store_frames,
+#     bytes_store_fr_ipc: the chunks sent from the client's buffers as frames, no request copy);
+#     retrieve_bytes again with chunk_frames (rows bytes_retr_frames, bytes_retr_fr_ipc: the
+#     chunks sent from L1 as frames, no reply copy); the server's minor page faults per phase
+#     (--server-pid);
 #   - before the table: the first store of each size into a fresh server without --warmup (first
 #     touch of L1 and of the registered shared memory, with page-fault counts), and the lookup
 #     latency of 4- and 128-chunk prompts;
@@ -135,6 +137,7 @@ for mib in $SIZES; do
         "shm_store_bm|bm|store (shm)" "shm_retrieve_bm|bm|retrieve (shm)" \
         "bytes_store|tp|store_bytes" "bytes_retrieve|tp|retrieve_bytes" \
         "bytes_store_ipc|ipc|store_bytes" "bytes_retr_ipc|ipc|retrieve_bytes" \
+        "bytes_store_frames|tp|store_frames" "bytes_store_fr_ipc|ipc|store_frames" \
         "bytes_retr_frames|tp|retrieve_frames" "bytes_retr_fr_ipc|ipc|retrieve_frames" \
         "zmq_echo|echo|zmq echo" "zmq_echo_ipc|echoipc|zmq echo" \
         "shm_store_nopool|tp0|store (shm)" "shm_retr_nopool|tp0|retrieve (shm)" \
@@ -166,7 +169,7 @@ printf "%-18s" "object"
 for mib in $SIZES; do printf "%20s" "$mib MiB"; done
 echo
 for k in memcpy shm_store shm_retrieve shm_store_bm shm_retrieve_bm bytes_store bytes_retrieve \
-    bytes_store_ipc bytes_retr_ipc bytes_retr_frames bytes_retr_fr_ipc zmq_echo zmq_echo_ipc \
+    bytes_store_ipc bytes_retr_ipc bytes_store_frames bytes_store_fr_ipc bytes_retr_frames bytes_retr_fr_ipc zmq_echo zmq_echo_ipc \
     redis_set redis_get shm_store_nopool shm_retr_nopool store_bm_nopool retr_bm_nopool \
     bytes_store_nopool bytes_retr_nopool; do
     [ "$POOL_OFF" = 1 ] || case $k in *_nopool) continue ;; esac
@@ -191,6 +194,9 @@ ratio "store_b/echo" bytes_store zmq_echo
 ratio "retr_b/echo" bytes_retrieve zmq_echo
 ratio "store_b_ipc/echo" bytes_store_ipc zmq_echo_ipc
 ratio "retr_b_ipc/echo" bytes_retr_ipc zmq_echo_ipc
+ratio "store_f/redis_set" bytes_store_frames redis_set
+ratio "store_f/echo" bytes_store_frames zmq_echo
+ratio "store_f_ipc/echo" bytes_store_fr_ipc zmq_echo_ipc
 ratio "retr_f/redis_get" bytes_retr_frames redis_get
 ratio "retr_f/echo" bytes_retr_frames zmq_echo
 ratio "retr_f_ipc/echo" bytes_retr_fr_ipc zmq_echo_ipc
