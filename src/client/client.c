@@ -165,7 +165,7 @@ struct lmc_client {
     char endpoint[300];
     int connect_ms;
     bool curve;
-    char curve_keys[3][41];
+    char curve_keys[3 * 40]; /* server, public, secret: 40 Z85 characters each */
     /* Chunk frames libzmq still holds (the caller's buffers): released by zc_release. */
     pthread_mutex_t zc_lock;
     pthread_cond_t zc_cond;
@@ -186,9 +186,9 @@ static int open_socket(lmc_client *c) {
 #ifdef ZMQ_CONNECT_TIMEOUT
     if (zmq_setsockopt(c->sock, ZMQ_CONNECT_TIMEOUT, &c->connect_ms, sizeof(int)) != 0) goto fail;
 #endif
-    if (c->curve && (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->curve_keys[0], 40) != 0 ||
-                     zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->curve_keys[1], 40) != 0 ||
-                     zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->curve_keys[2], 40) != 0))
+    if (c->curve && (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->curve_keys, 40) != 0 ||
+                     zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->curve_keys + 40, 40) != 0 ||
+                     zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->curve_keys + 80, 40) != 0))
         goto fail;
     if (zmq_connect(c->sock, c->endpoint) != 0) goto fail;
     return 0;
@@ -239,7 +239,7 @@ LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_c
                 return LMC_ERR_INVALID_ARGUMENT;
             }
         c->curve = true;
-        for (int i = 0; i < 3; i++) memcpy(c->curve_keys[i], keys[i], 41);
+        for (int i = 0; i < 3; i++) memcpy(c->curve_keys + 40 * i, keys[i], 40);
     }
     if (open_socket(c) != 0) goto zfail;
     pthread_mutex_init(&c->zc_lock, NULL);
