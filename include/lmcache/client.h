@@ -322,9 +322,10 @@ LMC_API lmc_status lmc_lookup(lmc_client *c, const char *request_id, const char 
                               lmc_error *err);
 LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_id, bool *ready,
                                              uint64_t *hit_chunks, lmc_error *err);
-/* lookup, then query_prefetch_status every poll_us microseconds (0: 100) until ready. The first
- * query is sent right behind the lookup without waiting for its reply (the server runs one
- * client's requests in order), so a lookup answered from L1 costs one round trip. */
+/* lookup, then query_prefetch_status every poll_us microseconds (0: 100) until ready. The lookup
+ * asks for its session's first status in its reply (`reply_status`, docs/protocol.md), so a
+ * lookup answered from L1 costs one request and one reply; a server that predates it gets the
+ * first query right after the lookup's reply. */
 LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const char *model_name,
                                    int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
                                    unsigned poll_us, uint64_t *hit_chunks, lmc_error *err);

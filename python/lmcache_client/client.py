@@ -108,6 +108,11 @@ def _dec_status(reply, op):
     return PrefetchStatus(ready, _int(reply, "hit_chunks", op, 0))
 
 
+def _dec_lookup_status(reply, op):
+    """A lookup asked for reply_status: its first status, or None from a server without it."""
+    return None if "ready" not in reply else _dec_status(reply, op)
+
+
 def _dec_ping(reply, op):
     inst = reply.get("instance_id")
     t = reply.get("server_time")
@@ -512,14 +517,18 @@ class Client:
         return self.send_raw("unregister_kv_cache", {"instance_id": instance_id}, _dec_none)
 
     def send_lookup(self, request_id, model_name, *, token_ids=None, chunk_hashes=None, start=0,
-                    end=None, cache_salt="", world_size=1, num_kv_readers=1):
+                    end=None, cache_salt="", world_size=1, num_kv_readers=1,
+                    _reply_status=False):
         p = {"request_id": request_id, "model_name": model_name}
         if world_size != 1:
             p["world_size"] = world_size
         if num_kv_readers != 1:
             p["num_kv_readers"] = num_kv_readers
+        if _reply_status:  # lookup_wait: the reply carries the first status (or None: old server)
+            p["reply_status"] = True
         return self.send_raw("lookup", _chunk_fields(p, token_ids, chunk_hashes, start, end,
-                                                     cache_salt), _dec_none)
+                                                     cache_salt),
+                             _dec_lookup_status if _reply_status else _dec_none)
 
     def send_query_prefetch_status(self, request_id):
         return self.send_raw("query_prefetch_status", {"request_id": request_id}, _dec_status)
@@ -641,19 +650,25 @@ class Client:
         return self._sync(self.send_query_prefetch_status(request_id))
 
     def lookup_wait(self, request_id, model_name, *, poll_interval=0.0001, **kw):
-        """lookup, then query_prefetch_status until ready (both requests are pipelined, so a
-        lookup served from L1 costs one round trip); returns the hit chunks."""
-        lk = self.send_lookup(request_id, model_name, **kw)
+        """lookup, then query_prefetch_status until ready; returns the hit chunks. The lookup
+        asks for the session's first status in its reply (reply_status), so a lookup served from
+        L1 costs one request and one reply; a server that predates it is queried at once."""
+        lk = self.send_lookup(request_id, model_name, _reply_status=True, **kw)
+        st = self._sync(lk)  # a refused lookup raises its own error
+        if st is not None and st.ready:
+            return st.hit_chunks
         deadline = time.monotonic() + self.timeout
+        first = st is None
         while True:
+            if not first:
+                time.sleep(poll_interval)
+            first = False
             st = self._sync(self.send_query_prefetch_status(request_id))
-            self._sync(lk)  # a refused lookup raises its own error
             if st.ready:
                 return st.hit_chunks
             if time.monotonic() >= deadline:
                 raise LmcacheError(errors.TIMEOUT, f"lookup {request_id!r} not ready within "
                                    f"{self.timeout:g} s", "lookup")
-            time.sleep(poll_interval)
 
     def store(self, instance_id, block_ids, **kw):
         """Copies the chunks of the range from the engine blocks into L1 -> StoreResult."""

@@ -580,9 +580,20 @@ static lmc_status bad_arg(lmc_error *err, const char *what) {
     return LMC_ERR_INVALID_ARGUMENT;
 }
 
+static lmc_status send_lookup(lmc_client *c, const char *request_id, const char *model_name,
+                              int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
+                              bool reply_status, lmc_req_id *id, lmc_error *err);
+
 LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const char *model_name,
                                    int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
                                    lmc_req_id *id, lmc_error *err) {
+    return send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, false, id, err);
+}
+
+/* reply_status: the reply carries the session's first status (ready, hit_chunks). */
+static lmc_status send_lookup(lmc_client *c, const char *request_id, const char *model_name,
+                              int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
+                              bool reply_status, lmc_req_id *id, lmc_error *err) {
     lmcc_clear_error(err);
     if (!request_id || !model_name) return bad_arg(err, "request_id and model_name are required");
     struct lmcc_map m;
@@ -591,6 +602,7 @@ LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const 
     lmcc_put_str(&m, "model_name", model_name);
     lmcc_put_int(&m, "world_size", world_size > 0 ? world_size : 1);
     lmcc_put_int(&m, "num_kv_readers", num_kv_readers > 0 ? num_kv_readers : 1);
+    if (reply_status) lmcc_put_bool(&m, "reply_status", true);
     lmc_status s = lmcc_put_chunks(&m, ch, err);
     if (s != LMC_OK) {
         lmcc_map_destroy(&m);
@@ -907,41 +919,25 @@ LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_
 LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const char *model_name,
                                    int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
                                    unsigned poll_us, uint64_t *hit_chunks, lmc_error *err) {
-    lmc_req_id lid = 0, qid = 0;
+    lmc_req_id lid = 0;
     lmc_reply *r = NULL;
-    lmc_status s =
-        lmc_send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, &lid, err);
-    if (s != LMC_OK) return s;
-    /* The first query rides behind the lookup: the server runs them in this order. */
-    lmc_error qerr;
-    lmc_status qs = lmc_send_query_prefetch_status(c, request_id, &qid, &qerr);
-    s = finish(c, LMC_OK, &lid, &r, err);
-    lmc_reply_free(r);
-    r = NULL;
-    if (qs != LMC_OK) {
-        if (s == LMC_OK && err) *err = qerr;
-        return s != LMC_OK ? s : qs;
+    /* The lookup's reply carries the session's first status (reply_status): a lookup answered
+     * from L1 costs one request and one reply. */
+    lmc_status s = finish(
+        c, send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, true, &lid, err),
+        &lid, &r, err);
+    bool ready = false, has_status = false;
+    if (s == LMC_OK && lmc_reply_get_bool(r, "ready", &ready)) {
+        has_status = true;
+        s = query_result(s, r, &ready, hit_chunks, err);
     }
-    if (s != LMC_OK) {
-        /* Its reply (if any) is of no use now; a timed-out lookup leaves the query pending. */
-        if (s == LMC_ERR_TIMEOUT)
-            abandon(c, qid);
-        else {
-            lmc_error ignored;
-            (void)finish(c, LMC_OK, &qid, &r, &ignored);
-            lmc_reply_free(r);
-        }
-        return s;
-    }
-    bool ready = false;
-    s = finish(c, LMC_OK, &qid, &r, err);
-    s = query_result(s, r, &ready, hit_chunks, err);
     lmc_reply_free(r);
     if (s != LMC_OK || ready) return s;
+    /* Still prefetching from L2, or a server that predates reply_status: query. */
     int64_t deadline = now_ms() + c->timeout_ms;
     struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(poll_us ? poll_us : 100) * 1000};
-    for (;;) {
-        nanosleep(&ts, NULL);
+    for (bool first = !has_status;; first = false) {
+        if (!first) nanosleep(&ts, NULL);
         s = lmc_query_prefetch_status(c, request_id, &ready, hit_chunks, err);
         if (s != LMC_OK || ready) return s;
         if (now_ms() > deadline) {

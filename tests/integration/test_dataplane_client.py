@@ -164,13 +164,15 @@ def test_large_messages_reuse_server_memory(make_server):
     # 36 MiB objects, one per prompt: every retrieve_bytes reply and store_bytes request is one
     # allocation above glibc's mmap threshold. With the data plane's malloc set-up the server
     # reuses freed memory; before it, each reply cost one page fault per 4 KiB (36 MiB: 9216).
+    # The heap may still grow once in the phase (a reply a few bytes larger than the chunk the
+    # store_frames phase before it freed): at most one reply's pages, not one per reply.
     s = make_server(l1_size_gb="0.5")
     r = bench(s, "--mode", "throughput", "--layers", "36", "--kv-heads", "8", "--head-dim", "128",
-              "--prompt-tokens", "256", "--prompts", "2", "--rounds", "2",
+              "--prompt-tokens", "256", "--prompts", "2", "--rounds", "4",
               "--lookup-samples", "0", "--server-pid", str(s.proc.pid))
     assert r.returncode == 0, r.stdout + r.stderr
     server, _ = _faults(r.stdout, "retrieve_bytes")
-    assert server < 2000, r.stdout  # 4 replies of 36 MiB: 36864 faults without the reuse
+    assert server < 9216 + 2000, r.stdout  # 8 replies of 36 MiB: 73728 faults without the reuse
     server, _ = _faults(r.stdout, "retrieve (shm)")
     assert server < 2000, r.stdout  # the registration mapped the shared memory in (MAP_POPULATE)
 

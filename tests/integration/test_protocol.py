@@ -475,6 +475,26 @@ def test_query_prefetch_status_answers_once(eng):
                 block_ids=[0, 1, 2, 3])["retrieved_chunks"] == 2
 
 
+def test_lookup_with_reply_status_answers_the_first_status(eng):
+    _, w, e = eng()
+    toks = prompt(15, 3)
+    w.ok("store", instance_id=0, token_ids=toks[:2 * CHUNK], block_ids=[0, 1, 2, 3])
+    # Without the field the reply is {ok} alone, as before.
+    assert w.ok("lookup", request_id="plain", model_name=MODEL, token_ids=toks) == {"ok": True}
+    # With it: the status query_prefetch_status would report first, reported once.
+    rep = w.ok("lookup", request_id="st", model_name=MODEL, token_ids=toks, reply_status=True)
+    assert rep == {"ok": True, "ready": True, "hit_chunks": 2}
+    assert w.ok("query_prefetch_status", request_id="st") == {"ok": True, "ready": True,
+                                                              "hit_chunks": 0}
+    assert w.ok("retrieve", instance_id=0, request_id="st", token_ids=toks[:2 * CHUNK],
+                block_ids=[0, 1, 2, 3])["retrieved_chunks"] == 2
+    rep = w.ok("lookup", request_id="miss", model_name=MODEL, token_ids=prompt(16, 1),
+               reply_status=True)
+    assert rep == {"ok": True, "ready": True, "hit_chunks": 0}
+    r = w.call("lookup", request_id="x", model_name=MODEL, token_ids=toks, reply_status=1)
+    assert r["code"] == "bad_request" and "reply_status" in r["message"], r
+
+
 def test_num_kv_readers_locks_are_consumed_by_retrieves(eng):
     _, w, e = eng()
     toks = prompt(14, 2)

@@ -891,10 +891,22 @@ static int op_lookup(struct op_ctx *o) {
         range_free(&cr);
         return -1;
     }
+    int status = 0;
+    if (dp_bool(o->m, "reply_status", 0, &status, o->err) < 0) {
+        range_free(&cr);
+        return -1;
+    }
     int rc = engine_lookup(o->e, owner_of(o), rid, &cr, model, (uint32_t)ws, (uint32_t)readers,
                            o->now, o->err->message, sizeof(o->err->message));
     range_free(&cr);
-    return rc == ENGINE_OK ? 0 : engine_fail(o, rc);
+    if (rc != ENGINE_OK) return engine_fail(o, rc);
+    if (status) { /* the session's first status, as query_prefetch_status would report it */
+        uint32_t hits = 0;
+        int ready = engine_lookup_status(o->e, owner_of(o), rid, &hits);
+        dp_put_bool(o->r, "ready", ready);
+        if (ready) dp_put_int(o->r, "hit_chunks", hits);
+    }
+    return 0;
 }
 
 static int op_query_prefetch(struct op_ctx *o) {
