@@ -217,10 +217,17 @@ void connguard_events(struct connguard *g, uint64_t now_ns) {
     }
 }
 
+static int tracked(const struct connguard *g, int fd) {
+    return (size_t)fd < g->cap && g->conns[fd].state != CG_FREE;
+}
+
 void connguard_credit(struct connguard *g, zmq_msg_t *frame) {
     int fd = zmq_msg_get(frame, ZMQ_SRCFD);
-    if (fd < 0 || (size_t)fd >= g->cap || g->conns[fd].state == CG_FREE) return;
-    g->conns[fd].credit += zmq_msg_size(frame) + CONNGUARD_FRAME_SLACK;
+    if (fd < 0) return; /* a frame the router made (the identity) */
+    /* A connection's accept event is queued before its handshake starts, so it is normally read
+     * before its first frame; if not, read it now: lost credit would count as held for good. */
+    if (!tracked(g, fd)) connguard_events(g, clock_mono_ns());
+    if (tracked(g, fd)) g->conns[fd].credit += zmq_msg_size(frame) + CONNGUARD_FRAME_SLACK;
 }
 
 static int same_addr(const union cg_addr *a, socklen_t alen, const union cg_addr *b,
