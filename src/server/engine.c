@@ -229,6 +229,11 @@ static void register_dp_metrics(struct engine *e) {
     m->loop_requests = metric_series(metrics_counter(
         r, "lmcache_mp_dataplane_loop_requests_total",
         "Small requests run by the data socket's loop thread instead of a worker.", NULL));
+    m->conns_cut = metric_series(metrics_counter(
+        r, "lmcache_mp_dataplane_connections_cut_total",
+        "Data connections cut because libzmq held more of them unread than --zmq-rcvhwm + 1 "
+        "messages.",
+        NULL));
     metrics_gauge_fn(r, "lmcache_mp_active_prefetch_jobs", "Lookup jobs not yet reported.", g_jobs,
                      e);
     metrics_gauge_fn(r, "lmcache_mp_active_sessions", "Open lookup sessions.", g_sessions, e);

@@ -38,6 +38,7 @@ struct engine_dp_metrics {
     struct metric *stores_submitted, *stores_finished, *retrieves_submitted, *retrieves_finished;
     struct metric *read_pauses;   /* the data socket stopped reading (backpressure) */
     struct metric *loop_requests; /* requests the loop thread ran itself (small, worker idle) */
+    struct metric *conns_cut;     /* data connections cut for holding too much in libzmq */
 };
 
 struct l2ctl;

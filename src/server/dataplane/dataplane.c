@@ -14,7 +14,11 @@
  * and of its replies not yet handed to libzmq. While any worker is at or over
  * --worker-queue-mb the loop stops reading the socket (it still sends replies); libzmq then
  * buffers at most --zmq-rcvhwm requests per client and stops reading their connections, so
- * TCP pushes back on the clients instead of the server's memory growing. */
+ * TCP pushes back on the clients instead of the server's memory growing.
+ *
+ * libzmq counts that high-water mark in whole messages, so a message whose frames never end
+ * would still grow without bound: the connection guard (connguard.c) measures what libzmq holds
+ * for each tcp connection and cuts a connection holding more than --zmq-rcvhwm + 1 messages. */
 #include "server/dataplane/dataplane.h"
 
 #include <arpa/inet.h>
@@ -35,11 +39,13 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "base/clock.h"
 #include "base/errbuf.h"
 #include "base/hash.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "server/kvctx.h"
+#include "server/dataplane/connguard.h"
 #include "server/dataplane/curve.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
@@ -93,8 +99,9 @@ struct worker {
 struct dataplane {
     struct engine *e;
     void *zctx, *sock;
-    void *isock;        /* the --ipc-path socket, or NULL */
-    struct dp_zap *zap; /* the CURVE allow-list handler, or NULL */
+    void *isock;             /* the --ipc-path socket, or NULL */
+    struct dp_zap *zap;      /* the CURVE allow-list handler, or NULL */
+    struct connguard *guard; /* bounds what libzmq holds per tcp connection */
     int efd;
     size_t max_msg;
     size_t budget; /* --worker-queue-mb in bytes */
@@ -353,6 +360,11 @@ static void reject(struct dataplane *dp, struct dp_req *req, const char *code, c
     queue_reply(dp, req, body, len, NULL, 0);
 }
 
+/* A frame was delivered: the connection guard counts it as no longer held by libzmq. */
+static void credit(struct dataplane *dp, void *sock, zmq_msg_t *m) {
+    if (sock == dp->sock) connguard_credit(dp->guard, m);
+}
+
 /* Receives one whole multipart message. */
 static void receive_one(struct dataplane *dp, void *sock) {
     struct dp_req *req = calloc(1, sizeof(*req));
@@ -361,10 +373,12 @@ static void receive_one(struct dataplane *dp, void *sock) {
         for (int i = 0; more && i < 64; i++) {
             zmq_msg_t m;
             zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0)
+            if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
                 more = 0;
-            else
+            } else {
                 more = zmq_msg_more(&m);
+                credit(dp, sock, &m);
+            }
             zmq_msg_close(&m);
         }
         return;
@@ -389,6 +403,7 @@ static void receive_one(struct dataplane *dp, void *sock) {
             break;
         }
         more = zmq_msg_more(&m);
+        credit(dp, sock, &m);
         if (nframes < 4) {
             zmq_msg_move(slots[nframes], &m);
         } else if (!overflow && req->nextra < max_extra) {
@@ -542,8 +557,11 @@ static int run_small(struct dataplane *dp, struct dp_req *req) {
 static void *loop_main(void *arg) {
     struct dataplane *dp = arg;
     pthread_setname_np(pthread_self(), "dp-loop");
-    /* The eventfd first: while over budget only it is polled, and no socket is read. */
-    zmq_pollitem_t items[3] = {{NULL, dp->efd, ZMQ_POLLIN, 0},
+    /* The eventfd and the connection guard's monitor first: while over budget only they are
+     * polled, and no socket is read (the guard keeps checking: a connection may grow while
+     * nothing is read). */
+    zmq_pollitem_t items[4] = {{NULL, dp->efd, ZMQ_POLLIN, 0},
+                               {connguard_socket(dp->guard), 0, ZMQ_POLLIN, 0},
                                {dp->sock, 0, ZMQ_POLLIN, 0},
                                {dp->isock, 0, ZMQ_POLLIN, 0}};
     int nsocks = dp->isock ? 2 : 1;
@@ -553,15 +571,19 @@ static void *loop_main(void *arg) {
         if (over && !paused && dp->e->dpm.read_pauses) metric_inc(dp->e->dpm.read_pauses, 1);
         paused = over;
         int reading = !atomic_load(&dp->draining) && !over;
-        items[1].revents = items[2].revents = 0;
-        int n = zmq_poll(items, reading ? 1 + nsocks : 1, 100);
+        /* Checked on every pass, so also while requests keep the poll from timing out. */
+        long wait_ms = connguard_tick(dp->guard, clock_mono_ns(), 100);
+        items[2].revents = items[3].revents = 0;
+        int n = zmq_poll(items, reading ? 2 + nsocks : 2, wait_ms);
         if (n < 0) {
             if (errno == EINTR) continue;
             log_error(dp->lg, "zmq_poll: %s", zmq_strerror(errno));
             break;
         }
         if (items[0].revents & ZMQ_POLLIN) send_replies(dp);
-        for (int k = 1; reading && k <= nsocks; k++) {
+        /* before the sockets, so a connection is known before its first frame is credited */
+        if (items[1].revents & ZMQ_POLLIN) connguard_events(dp->guard, clock_mono_ns());
+        for (int k = 2; reading && k < 2 + nsocks; k++) {
             if (!(items[k].revents & ZMQ_POLLIN)) continue;
             for (int i = 0; i < 64 && !over_budget(dp); i++) {
                 int ev = 0;
@@ -675,6 +697,11 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         OPENSSL_cleanse(sec, sizeof(sec)); /* libzmq keeps its own copy */
         log_info(dp->lg, "CURVE on the tcp data socket; server public key %s", pub);
     }
+    /* Before the bind: the guard must see every accepted connection. */
+    dp->guard =
+        connguard_start(dp->zctx, dp->sock, connguard_limit((uint64_t)rcvhwm, max_message_bytes),
+                        dp->lg, e->dpm.conns_cut, err, errlen);
+    if (!dp->guard) goto fail;
     if (cfg->ipc_path && *cfg->ipc_path) {
         char iep[300];
         if (snprintf(iep, sizeof(iep), "ipc://%s", cfg->ipc_path) >= (int)sizeof(iep)) {
@@ -746,6 +773,7 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     log_info(dp->lg, "LMCache ZMQ cache server is running on %s (%d workers)", ep, dp->nworkers);
     return dp;
 fail:
+    connguard_stop(dp->guard);
     if (dp->sock) zmq_close(dp->sock);
     if (dp->isock) zmq_close(dp->isock);
     dp_zap_stop(dp->zap);
@@ -788,6 +816,7 @@ void dataplane_stop(struct dataplane *dp) {
     free(dp->workers);
     /* Replies already handed to libzmq get up to 2 s to leave (linger 0 would drop them). */
     int linger = 2000;
+    connguard_stop(dp->guard);
     zmq_setsockopt(dp->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_close(dp->sock);
     if (dp->isock) {
