@@ -137,3 +137,12 @@ def wire_maker(make_server, chunk):
         s = make_server(args=["--chunk-size", str(chunk)] + list(args), **kw)
         return s, Wire(s.zmq_port)
     return make
+
+
+def proc_status(pid, field):
+    """A /proc/PID/status field in bytes (VmRSS, VmHWM, ...)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(field)

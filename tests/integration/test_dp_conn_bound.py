@@ -16,7 +16,7 @@ import zmq
 
 import pytest
 
-from dp_util import hashes, wire_maker
+from dp_util import hashes, wire_maker, proc_status
 from test_protocol import Wire
 
 CHUNK = 32
@@ -27,14 +27,6 @@ CUT = "lmcache_mp_dataplane_connections_cut_total"
 @pytest.fixture
 def srv(make_server):
     return wire_maker(make_server, CHUNK)
-
-
-def proc_status(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(field)
 
 
 def metric(s, name):

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 import zmq
 
-from dp_util import hashes, wire_maker
+from dp_util import hashes, wire_maker, proc_status
 from test_protocol import Wire
 
 CHUNK = 32
@@ -21,14 +21,6 @@ MODEL = "limits-model"
 @pytest.fixture
 def srv(make_server):
     return wire_maker(make_server, CHUNK)
-
-
-def proc_status(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(field)
 
 
 def raw_map(fields):
