@@ -473,6 +473,23 @@ def test_curve_needs_an_allow_list(tmp_path):
     assert r.returncode != 0 and "--curve-allowed-clients" in r.stderr + r.stdout
 
 
+def test_curve_refuses_a_receive_high_water_mark_of_one(tmp_path):
+    """libzmq delivers no message at all of a CURVE connection to a ROUTER whose receive
+    high-water mark is 1 (a noop times out): the server refuses that configuration."""
+    keygen(str(tmp_path / "server"))
+    allowed = tmp_path / "clients"
+    allowed.mkdir()
+    keygen(str(allowed / "engine"))
+    r = subprocess.run([BIN, "server", "--l1-size-gb", "0.01", "--eviction-policy", "LRU",
+                        "--host", "127.0.0.1", "--port", str(free_port()),
+                        "--http-host", "127.0.0.1", "--http-port", str(free_port()),
+                        "--curve-secret-key-file", str(tmp_path / "server.key"),
+                        "--curve-allowed-clients", str(allowed), "--zmq-rcvhwm", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--zmq-rcvhwm must be at least 2 with CURVE" in \
+        r.stderr + r.stdout, r.stderr + r.stdout
+
+
 # ---- the documented connector -------------------------------------------------------------------
 
 def test_protocol_doc_example_registers_with_proof(make_server):

@@ -681,6 +681,10 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
             errbuf_set(err, errlen, "--curve-secret-key-file needs --curve-allowed-clients");
             goto fail;
         }
+        if (rcvhwm < 2) { /* libzmq then delivers no message of a CURVE connection at all */
+            errbuf_set(err, errlen, "--zmq-rcvhwm must be at least 2 with CURVE");
+            goto fail;
+        }
         if (curve_read_key(cfg->curve_secret_key_file, sec, err, errlen) < 0) goto fail;
         if (zmq_curve_public(pub, sec) != 0) {
             errbuf_set(err, errlen, "--curve-secret-key-file: %s", zmq_strerror(errno));
