@@ -91,8 +91,9 @@ struct worker {
     int stop;
     _Atomic size_t charged; /* bytes of held requests and unsent replies (backpressure) */
     /* Requests dispatched to it and not yet answered (queued or running). Raised by the loop,
-     * lowered by the worker after the reply is in the reply queue: 0 seen by the loop means
-     * every reply of the worker's clients is queued or sent. */
+     * lowered by queue_reply under out_lock as the reply enters the reply queue: 0 seen by the
+     * loop means every reply of the worker's clients is queued or sent, and a reply the loop
+     * has sent was counted down before the loop could read it. */
     _Atomic uint32_t held;
 };
 
@@ -159,6 +160,7 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
                         struct dp_frame *fr, uint32_t nfr) {
     struct dp_out *o = calloc(1, sizeof(*o));
     struct worker *w = req->w;
+    if (!o && w) atomic_fetch_sub_explicit(&w->held, 1, memory_order_release);
     if (w && o) {
         o->w = w;
         o->cost = sizeof(*o) + len + frames_size(&req->id, &req->rid, &req->op);
@@ -199,6 +201,10 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     else
         dp->out_head = o;
     dp->out_tail = o;
+    /* The worker holds one request less in the same step as its reply is queued: once the loop
+     * has sent that reply (it takes the queue under this lock), the worker's count is down, so
+     * the client's next small request finds it idle and runs on the loop. */
+    if (w) atomic_fetch_sub_explicit(&w->held, 1, memory_order_release);
     pthread_mutex_unlock(&dp->out_lock);
     uint64_t one = 1;
     ssize_t wr = write(dp->efd, &one, sizeof(one));
@@ -302,8 +308,7 @@ static void *worker_main(void *arg) {
             if (stop) break;
             continue;
         }
-        run(w->dp, req);
-        atomic_fetch_sub_explicit(&w->held, 1, memory_order_release);
+        run(w->dp, req); /* queue_reply lowers w->held */
     }
     return NULL;
 }
