@@ -1,5 +1,6 @@
 /* lmcache_client_smoke HOST PORT: drives a running `lmcache server` through every operation of
  * liblmcache-client (linked as the shared library) and checks every byte that comes back.
+ * lmcache_client_smoke HOST PORT lookup-wait: lmc_lookup_wait alone, prints the hit chunks.
  * lmcache_client_smoke HOST PORT frames-reset SERVER_PID: a store with chunk frames that times
  * out (the server is stopped with SIGSTOP meanwhile) gives the caller's buffer back and is
  * never delivered later; the client works again once the server resumes.
@@ -97,7 +98,29 @@ static int frames_reset(const char *host, int port, pid_t server) {
     return failures ? 1 : 0;
 }
 
+/* lmc_lookup_wait alone (for a stand-in server): prints the hit chunks. */
+static int lookup_wait_only(const char *host, int port) {
+    lmc_error e;
+    lmc_client *c;
+    lmc_client_options o = {.timeout_ms = 10000};
+    if (lmc_client_connect(host, port, &o, &c, &e) != LMC_OK) {
+        printf("FAIL connect: %s\n", e.message);
+        return 1;
+    }
+    uint8_t h[3][32];
+    memset(h, 7, sizeof(h));
+    lmc_chunks ch = {.chunk_hashes = h[0], .num_chunk_hashes = 3, .hash_len = 32, .end = -1};
+    uint64_t hits = 99;
+    lmc_status s = lmc_lookup_wait(c, "lw-1", "lw-model", 1, &ch, 1, 100, &hits, &e);
+    check("lookup_wait", s, &e);
+    printf("hits %llu\n", (unsigned long long)hits);
+    lmc_client_close(c);
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[3], "lookup-wait"))
+        return lookup_wait_only(argv[1], atoi(argv[2]));
     if (argc == 5 && !strcmp(argv[3], "frames-reset"))
         return frames_reset(argv[1], atoi(argv[2]), (pid_t)atoi(argv[4]));
     if (argc != 3) {

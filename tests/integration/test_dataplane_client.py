@@ -48,6 +48,62 @@ def test_store_with_chunk_frames_that_times_out_gives_the_buffer_back(make_serve
     assert r.stdout.strip().endswith("OK")
 
 
+class OldServer:
+    """A stand-in for a server that predates reply_status: lookup answers {ok}, and the status
+    comes from query_prefetch_status (pending twice, then ready). Records what it was sent."""
+
+    def __init__(self):
+        import threading
+        import msgpack
+        import zmq
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.seen = []
+        self.stop = False
+
+        def serve():
+            queries = 0
+            poller = zmq.Poller()
+            poller.register(self.sock, zmq.POLLIN)
+            while not self.stop:
+                if not poller.poll(50):
+                    continue
+                ident, rid, op, payload = self.sock.recv_multipart()
+                p = msgpack.unpackb(payload)
+                self.seen.append((op.decode(), p))
+                if op == b"lookup":
+                    reply = {"ok": True}
+                else:
+                    queries += 1
+                    reply = ({"ok": True, "ready": False} if queries < 3 else
+                             {"ok": True, "ready": True, "hit_chunks": 3})
+                self.sock.send_multipart([ident, rid, op, msgpack.packb(reply)])
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.stop = True
+        self.thread.join()
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def test_lookup_wait_against_a_server_without_reply_status():
+    old = OldServer()
+    try:
+        exe = os.path.join(BUILD, "lmcache_client_smoke")
+        r = run([exe, "127.0.0.1", str(old.port), "lookup-wait"], timeout=60)
+        assert r.returncode == 0 and "hits 3" in r.stdout, r.stdout + r.stderr
+        ops = [op for op, _ in old.seen]
+        assert ops == ["lookup", "query_prefetch_status", "query_prefetch_status",
+                       "query_prefetch_status"], ops
+        assert old.seen[0][1]["reply_status"] is True
+    finally:
+        old.close()
+
+
 def test_bench_correctness_passes(make_server):
     s = make_server(args=["--chunk-size", "128"])
     r = bench(s, "--prompts", "3", "--seed", "11")

@@ -218,6 +218,24 @@ def test_kvcache_views_follow_the_protocol_offsets(dp):
         KVCache(c, 1, "m", KVLayout(1, 1, 1, 3), dtype=np.float16)  # 3 bytes per token
 
 
+def test_lookup_wait_with_and_without_reply_status(dp):
+    s, c = dp()
+    toks = prompt(2, 11)
+    c.store_bytes("m", [b"a", b"b"], token_ids=toks)
+    assert c.lookup_wait("lw", "m", token_ids=toks) == 2  # one request: the status in the reply
+    # A server that predates reply_status replies {ok} to the lookup: lookup_wait then queries.
+    from test_dataplane_client import OldServer
+    old = OldServer()
+    try:
+        oc = Client(old.port, timeout=10)
+        assert oc.lookup_wait("lw", "m", chunk_hashes=[b"h" * 32] * 3) == 3
+        oc.close()
+        assert [op for op, _ in old.seen] == ["lookup"] + ["query_prefetch_status"] * 3
+        assert old.seen[0][1]["reply_status"] is True
+    finally:
+        old.close()
+
+
 def test_store_bytes_and_ranks(dp):
     s, c = dp()
     toks = prompt(2, 9)
