@@ -475,6 +475,11 @@ def test_cluster_master_added_is_tracked_before_a_slot_migrates_to_it():
             want = {("n1", "n1:9", DRAM, x), ("n1", "n1:9", DRAM, y)}
             assert triples(cb, [x, y]) == want
             for n in cl.nodes + [new]:
+                # Gossip spreads the new node: every master must know it before SETSLOT NODE.
+                deadline = time.monotonic() + 30
+                while new_id not in n.cli("CLUSTER", "NODES"):
+                    assert time.monotonic() < deadline, "a master never learnt the new node"
+                    time.sleep(0.05)
                 assert n.cli("CLUSTER", "SETSLOT", slot, "NODE", new_id) == "OK"
             assert new.cli("HGET", "%s:extkv:%s" % (tag, x), "n1") == str(1 << DRAM)
             assert triples(cb, [x, y]) == want
