@@ -286,6 +286,63 @@ static int memcpy_piece(void *arg, uint32_t i) {
     return 0;
 }
 
+/* Several copies as one job: each split into pieces of the same size (pieces never straddle
+ * two copies), every piece claimed by whoever is free. */
+struct memcpy_many_job {
+    unsigned char *const *dsts;
+    const unsigned char *const *srcs;
+    const size_t *lens;
+    const uint32_t *first; /* first[j]: index of copy j's first piece; first[n]: all pieces */
+    uint32_t n;
+    size_t piece;
+};
+
+static int memcpy_many_piece(void *arg, uint32_t i) {
+    const struct memcpy_many_job *m = arg;
+    uint32_t lo = 0, hi = m->n; /* the copy whose pieces hold i: first[j] <= i < first[j+1] */
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (m->first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    size_t off = (size_t)(i - m->first[lo]) * m->piece, len = m->lens[lo] - off;
+    if (len > m->piece) len = m->piece;
+    memcpy(m->dsts[lo] + off, m->srcs[lo] + off, len);
+    return 0;
+}
+
+void copypool_memcpy_many(struct copypool *p, void *const *dsts, const void *const *srcs,
+                          const size_t *lens, uint32_t n) {
+    uint64_t total = 0;
+    for (uint32_t j = 0; j < n; j++) total += lens[j];
+    uint32_t pieces = 0;
+    uint64_t piece = copypool_piece_bytes(p, total, &pieces);
+    uint32_t first[COPYPOOL_MANY_MAX + 1];
+    if (pieces <= 1 || n > COPYPOOL_MANY_MAX) {
+        for (uint32_t j = 0; j < n; j++) copypool_memcpy(p, dsts[j], srcs[j], lens[j]);
+        return;
+    }
+    uint64_t np = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        first[j] = (uint32_t)np;
+        np += (lens[j] + piece - 1) / piece;
+    }
+    first[n] = (uint32_t)np;
+    if (np > UINT32_MAX) { /* absurd sizes: one copy at a time */
+        for (uint32_t j = 0; j < n; j++) copypool_memcpy(p, dsts[j], srcs[j], lens[j]);
+        return;
+    }
+    struct memcpy_many_job m = {(unsigned char *const *)dsts,
+                                (const unsigned char *const *)srcs,
+                                lens,
+                                first,
+                                n,
+                                (size_t)piece};
+    copypool_run(p, (uint32_t)np, memcpy_many_piece, &m);
+}
+
 void copypool_memcpy(struct copypool *p, void *dst, const void *src, size_t n) {
     uint32_t pieces;
     uint64_t piece = copypool_piece_bytes(p, n, &pieces);

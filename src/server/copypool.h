@@ -40,6 +40,12 @@ uint64_t copypool_piece_bytes(const struct copypool *p, uint64_t bytes, uint32_t
 
 /* memcpy split between the caller and the pool (below COPYPOOL_MIN_BYTES: a plain memcpy). */
 void copypool_memcpy(struct copypool *p, void *dst, const void *src, size_t n);
+/* Copies dsts[j] <- srcs[j] (lens[j] bytes) for j < n as one job: the pieces of all of them
+ * shared between the caller and the pool (one wake-up and one wait instead of one per copy).
+ * More than COPYPOOL_MANY_MAX copies go one by one. */
+#define COPYPOOL_MANY_MAX 64u
+void copypool_memcpy_many(struct copypool *p, void *const *dsts, const void *const *srcs,
+                          const size_t *lens, uint32_t n);
 
 /* Where cores are free: runnable(arg) tells how many threads are runnable on the machine now,
  * the caller included (or -1: unknown). While it is at least ncpu no core is free, a woken

@@ -297,6 +297,45 @@ static void test_memcpy_odd_size(void **state) {
     copypool_stop(p);
 }
 
+/* Copies of mixed sizes (one of 3 MiB + 17 bytes, small and odd ones) as one job: every byte
+ * lands in its own destination, nothing around them is touched, and it is one pool job. */
+static void test_memcpy_many_one_job(void **state) {
+    (void)state;
+    char err[128];
+    struct copypool *p = copypool_start(2, err, sizeof(err));
+    assert_non_null(p);
+    enum { N = 6 };
+    const size_t lens[N] = {(3u << 20) + 17, 1, 4096, (512u << 10) - 3, 77777, 1u << 20};
+    unsigned char *src[N], *dst[N];
+    for (int j = 0; j < N; j++) {
+        src[j] = malloc(lens[j]);
+        dst[j] = calloc(1, lens[j] + 2);
+        assert_non_null(src[j]);
+        assert_non_null(dst[j]);
+        for (size_t i = 0; i < lens[j]; i++)
+            src[j][i] = (unsigned char)(i * 131 + j * 7 + (i >> 12));
+    }
+    void *d[N];
+    const void *sv[N];
+    for (int j = 0; j < N; j++) {
+        d[j] = dst[j] + 1;
+        sv[j] = src[j];
+    }
+    struct copypool_stats before, after;
+    copypool_get_stats(p, &before);
+    copypool_memcpy_many(p, d, sv, lens, N);
+    copypool_get_stats(p, &after);
+    assert_int_equal(after.jobs - before.jobs, 1);
+    for (int j = 0; j < N; j++) {
+        assert_memory_equal(dst[j] + 1, src[j], lens[j]);
+        assert_int_equal(dst[j][0], 0);
+        assert_int_equal(dst[j][lens[j] + 1], 0);
+        free(src[j]);
+        free(dst[j]);
+    }
+    copypool_stop(p);
+}
+
 /* ---- KV gather / scatter ---- */
 
 /* Index of (layer, kv, block) in the engine cache, derived here from the layout's definition. */
@@ -555,6 +594,7 @@ static void test_kv_copies_both_orders(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_piece_once),
+        cmocka_unit_test(test_memcpy_many_one_job),
         cmocka_unit_test(test_off_runs_on_caller),
         cmocka_unit_test(test_failure_fails_run),
         cmocka_unit_test(test_busy_pool_caller_does_all),

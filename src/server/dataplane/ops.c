@@ -484,6 +484,24 @@ static int bin_fill(void *arg, uint32_t i, void *dst) {
     return 0;
 }
 
+_Static_assert(ENGINE_STORE_BATCH <= COPYPOOL_MANY_MAX, "a store batch is one copy job");
+
+/* A batch of chunks as one copy job (engine_store asks for at most ENGINE_STORE_BATCH). */
+static int bin_fill_many(void *arg, const uint32_t *idx, void *const *dsts, uint32_t n,
+                         uint32_t *done) {
+    const struct bin_src *s = arg;
+    const void *srcs[ENGINE_STORE_BATCH];
+    size_t lens[ENGINE_STORE_BATCH];
+    if (n > ENGINE_STORE_BATCH) return -1;
+    for (uint32_t j = 0; j < n; j++) {
+        srcs[j] = s->chunks[idx[j]].data;
+        lens[j] = s->chunks[idx[j]].len;
+    }
+    copypool_memcpy_many(s->pool, dsts, srcs, lens, n);
+    *done = n;
+    return 0;
+}
+
 /* How long a store with wait_l2 waits for its write-through to every L2 tier. */
 #define DP_WAIT_L2_NS (30ull * 1000 * 1000 * 1000)
 
@@ -710,7 +728,7 @@ static int op_store_bytes(struct op_ctx *o) {
     }
     uint64_t t0 = clock_mono_ns();
     struct bin_src bs = {o->e->copypool, chunks};
-    struct engine_source src = {bin_size, bin_fill, &bs, false, 0, NULL};
+    struct engine_source src = {bin_size, bin_fill, &bs, false, 0, bin_fill_many};
     if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, model, ws, rank, &src, o->now, &res, o->err->message,
