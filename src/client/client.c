@@ -580,16 +580,6 @@ static lmc_status bad_arg(lmc_error *err, const char *what) {
     return LMC_ERR_INVALID_ARGUMENT;
 }
 
-static lmc_status send_lookup(lmc_client *c, const char *request_id, const char *model_name,
-                              int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
-                              bool reply_status, lmc_req_id *id, lmc_error *err);
-
-LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const char *model_name,
-                                   int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
-                                   lmc_req_id *id, lmc_error *err) {
-    return send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, false, id, err);
-}
-
 /* reply_status: the reply carries the session's first status (ready, hit_chunks). */
 static lmc_status send_lookup(lmc_client *c, const char *request_id, const char *model_name,
                               int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
@@ -609,6 +599,12 @@ static lmc_status send_lookup(lmc_client *c, const char *request_id, const char 
         return s;
     }
     return send_map(c, "lookup", &m, id, err);
+}
+
+LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const char *model_name,
+                                   int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
+                                   lmc_req_id *id, lmc_error *err) {
+    return send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, false, id, err);
 }
 
 static lmc_status send_request_id_only(lmc_client *c, const char *op, const char *request_id,
