@@ -94,12 +94,13 @@ tp() { # $1 output file, then extra options
 }
 
 echo
-echo "== first store into a fresh server (no --warmup): L1 and the registered shared memory untouched"
+echo "== first store (and the retrieves after it) into a fresh server (no --warmup): L1 and the registered shared memory untouched"
 for mib in $SIZES; do
     start_server
     prompts=$(( 64 / mib )); [ "$prompts" -lt 4 ] && prompts=4
     tp "$TMP/fresh.$mib" --layers "$mib" --prompts "$prompts" --no-bytes --lookup-samples 0 "$@"
     echo "$mib MiB objects: $(grep '^store (shm)' "$TMP/fresh.$mib")"
+    echo "    then: $(grep '^retrieve (shm)' "$TMP/fresh.$mib")"
 done
 start_server
 

@@ -292,6 +292,36 @@ def test_shrunk_shared_memory_is_an_error_not_a_crash(dp):
         kv.close()
 
 
+def smaps_of(pid, path):
+    """{field: kB} of the mapping of path in /proc/PID/smaps (the fields summed over its VMAs)."""
+    out, inside = {}, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and ":" not in head[0]:
+                inside = len(head) >= 6 and head[5] == path
+            elif inside and len(head) >= 2 and head[0].endswith(":") and head[1].isdigit():
+                out[head[0][:-1]] = out.get(head[0][:-1], 0) + int(head[1])
+    return out
+
+
+def test_registration_maps_the_region_populated_and_writable(dp):
+    """The first retrieve into a registered region pays no per-page cost: registration faults
+    every page in writable (dirty), not only readable (a clean page costs a dirty-bit update on
+    its first write, a hypervisor exit on shadow-paged VMs)."""
+    s, c = dp()
+    kv = ShmKV(layers=4, blocks=256)  # 4 x 2 x 256 x 1 KiB = 2 MiB
+    try:
+        c.call("register_kv_cache", instance_id=3, model_name="m", **kv.layout())
+        m = smaps_of(s.proc.pid, "/dev/shm" + kv.name)
+        assert m, "the region is not mapped by the server"
+        assert m["Rss"] * 1024 >= kv.size
+        assert m["Shared_Dirty"] + m["Private_Dirty"] == m["Rss"], m
+    finally:
+        c.close()
+        kv.close()
+
+
 def test_kv_readers_cap_and_unknown_operation_reply_is_decodable(dp):
     s, c = dp()
     r = c.raw("lookup", {"request_id": "a", "model_name": "m", "token_ids": prompt(1, 1),
