@@ -23,6 +23,7 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/periodic.h"
+#include "base/prefault.h"
 #include "base/version.h"
 #include "base/fleethash.h"
 #include "server/keys.h"
@@ -523,12 +524,8 @@ int engine_start_caches(struct engine *e, char *err, size_t errlen) {
     return 0;
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
 /* Faults the L1 arena in ahead of use: a store into never-touched memory runs at a third of
- * memcpy speed (page faults and zeroing), into faulted memory at full speed. MADV_POPULATE_WRITE
+ * memcpy speed (page faults and zeroing), into faulted memory at full speed. prefault_range
  * keeps contents, so it is safe while stores run. One-shot, in 64 MiB steps, stoppable. */
 static void *prefault_main(void *arg) {
     struct engine *e = arg;
@@ -539,7 +536,7 @@ static void *prefault_main(void *arg) {
     double t0 = clock_mono();
     for (uint64_t off = 0; off < len && !atomic_load(&e->prefault_stop); off += step) {
         uint64_t n = len - off < step ? len - off : step;
-        if (madvise((char *)base + off, n, MADV_POPULATE_WRITE) != 0) {
+        if (prefault_range((char *)base + off, n, 1) != 0) {
             log_warn(log_get("lmcache.l1"), "L1 prefault stopped at %llu MiB: %s",
                      (unsigned long long)(off >> 20), strerror(errno));
             return NULL;

@@ -19,31 +19,13 @@
 #include <unistd.h>
 
 #include "base/errbuf.h"
+#include "base/prefault.h"
 #include "server/copypool.h"
 
 void kvreg_init(struct kv_registry *r) {
     pthread_mutex_init(&r->lock, NULL);
     r->head = NULL;
     r->count = 0;
-}
-
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
-/* Faults a registered region in now, writable, so neither the first store (reads) nor the first
- * retrieve (writes) pays a fault per page in the timed path. A read-populated shared mapping
- * (MAP_POPULATE) leaves its pages clean: the first write into each still costs a trip through
- * the MMU's dirty-bit update, which on a shadow-paged VM is a hypervisor exit (measured: ~3 us a
- * page, 1.7 s for a 2 GiB region's first retrieve). MADV_POPULATE_WRITE (Linux 5.14) keeps the
- * contents; older kernels fall back to a read populate. Best effort: a region the client shrank
- * meanwhile fails here and is caught by the guarded copies later. */
-static void populate_writable(void *p, size_t len) {
-    if (madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
-    (void)madvise(p, len, MADV_POPULATE_READ);
 }
 
 static void ctx_free(struct kv_context *c) {
@@ -372,7 +354,10 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
         free(c);
         goto out;
     }
-    populate_writable(p, c->map_size);
+    /* Faulted in now, writable and touched (base/prefault.h), so neither the first store (reads)
+     * nor the first retrieve (writes) pays per page in the timed path. Best effort: a region
+     * the client shrank meanwhile fails here and is caught by the guarded copies later. */
+    (void)prefault_range(p, c->map_size, 1);
     c->base = p;
     atomic_store(&c->refs, 1);
     atomic_store(&c->last_seen_ns, now_ns);

@@ -1,5 +1,5 @@
 /* Unit tests for src/base: size strings, loggers, metrics registry and exposition, strbuf, stack
- * dumps. */
+ * dumps, prefaulting. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "base/jfield.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/prefault.h"
 #include "base/size.h"
 #include "base/stackdump.h"
 #include "base/strbuf.h"
@@ -253,6 +255,45 @@ static void test_stackdump_reports_a_thread_that_blocks_for_good(void **state) {
     sem_destroy(&b.wake);
 }
 
+/* Mapped pages of a range (mincore), out of the pages it spans. */
+static size_t resident_pages(void *p, size_t len) {
+    unsigned char vec[64];
+    assert_true(len / 4096 <= sizeof(vec));
+    assert_int_equal(mincore(p, len, vec), 0);
+    size_t n = 0;
+    for (size_t i = 0; i < len / 4096; i++) n += vec[i] & 1;
+    return n;
+}
+
+static void test_prefault_keeps_contents_and_faults_in_every_page(void **state) {
+    (void)state;
+    enum { PAGES = 16 };
+    unsigned char *m =
+        mmap(NULL, PAGES * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    for (int i = 0; i < 4096; i++) m[4096 + i] = (unsigned char)(i * 7 + 1); /* page 1 only */
+    assert_int_equal(resident_pages(m, PAGES * 4096), 1);
+    /* unaligned start and length: every page they touch is faulted in */
+    assert_int_equal(prefault_range(m + 100, PAGES * 4096 - 200, 1), 0);
+    assert_int_equal(resident_pages(m, PAGES * 4096), PAGES);
+    for (int i = 0; i < 4096; i++) assert_int_equal(m[4096 + i], (unsigned char)(i * 7 + 1));
+    assert_int_equal(m[0], 0);
+    assert_int_equal(prefault_range(m, 0, 1), 0);
+    munmap(m, PAGES * 4096);
+
+    /* a shared object shrunk below its mapping: an error, not a SIGBUS */
+    int fd = memfd_create("prefault-test", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 8 * 4096), 0);
+    unsigned char *s = mmap(NULL, 8 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(s != MAP_FAILED);
+    assert_int_equal(prefault_range(s, 8 * 4096, 1), 0);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    assert_int_equal(prefault_range(s, 8 * 4096, 1), -1);
+    munmap(s, 8 * 4096);
+    close(fd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_parse),
@@ -263,6 +304,7 @@ int main(void) {
         cmocka_unit_test(test_strbuf),
         cmocka_unit_test(test_stackdump_waits_out_a_transient_block),
         cmocka_unit_test(test_stackdump_reports_a_thread_that_blocks_for_good),
+        cmocka_unit_test(test_prefault_keeps_contents_and_faults_in_every_page),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -42,6 +42,7 @@
 #include <sys/mman.h>
 
 #include "base/log.h"
+#include "base/prefault.h"
 
 #define TAG_FREE 0x80000000u
 #define TAG_SIZE 0x7fffffffu
@@ -222,6 +223,12 @@ int arena_create(const struct arena_config *cfg, struct arena **out, char *err, 
         free(a);
         return -1;
     }
+    /* The metadata is touched unit by unit as the arena fills: faulted in now, the first
+     * allocations pay no page faults (a fault per new page of each array, ~250 in the first
+     * 0.5 GiB of 2 MiB objects, was most of a fresh server's first-store faults). */
+    (void)prefault_range(a->tag, a->npages * sizeof(uint32_t), 1);
+    (void)prefault_range(a->fnext, a->npages * sizeof(uint32_t), 1);
+    (void)prefault_range(a->fprev, a->npages * sizeof(uint32_t), 1);
     arena_reset(a);
     *out = a;
     return 0;
