@@ -1,6 +1,6 @@
 /* liblmcache-client: DEALER socket, pipelined request/reply matching, the request builders and
- * synchronous calls, and the shared-memory KV context of the data plane (docs/protocol.md,
- * docs/client.md). The msgpack codec is client_codec.c. */
+ * synchronous calls of the data plane (docs/protocol.md, docs/client.md). The shared-memory KV
+ * context is client_kv.c, the msgpack codec client_codec.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -17,6 +17,7 @@
 #include <zmq.h>
 
 #include "client/client_codec.h"
+#include "client/client_internal.h"
 
 #define DEFAULT_TIMEOUT_MS   30000
 #define DEFAULT_CONNECT_MS   5000
@@ -59,6 +60,10 @@ static bool reply_add_frame(lmc_reply *r, zmq_msg_t *m) {
     zmq_msg_init(&r->frames[r->nframes]);
     zmq_msg_move(&r->frames[r->nframes++], m);
     return true;
+}
+
+const msgpack_object *lmcc_reply_field(const lmc_reply *r, const char *field) {
+    return lmcc_map_get(r->map, field);
 }
 
 LMC_API uint64_t lmc_reply_id(const lmc_reply *r) { return r->id; }
@@ -400,8 +405,8 @@ static lmc_status send_map_frames(lmc_client *c, const char *op, struct lmcc_map
     return send_frames_ex(c, op, data, len, frames, lens, nframes, id, err);
 }
 
-static lmc_status send_map(lmc_client *c, const char *op, struct lmcc_map *m, lmc_req_id *id,
-                           lmc_error *err) {
+lmc_status lmcc_send_map(lmc_client *c, const char *op, struct lmcc_map *m, lmc_req_id *id,
+                         lmc_error *err) {
     return send_map_frames(c, op, m, NULL, NULL, 0, id, err);
 }
 
@@ -575,7 +580,7 @@ LMC_API lmc_status lmc_recv(lmc_client *c, lmc_reply **out, lmc_error *err) {
 
 /* ---- request builders -------------------------------------------------------------------- */
 
-static lmc_status bad_arg(lmc_error *err, const char *what) {
+lmc_status lmcc_bad_arg(lmc_error *err, const char *what) {
     lmcc_set_error(err, LMC_ERR_INVALID_ARGUMENT, "%s", what);
     return LMC_ERR_INVALID_ARGUMENT;
 }
@@ -585,7 +590,8 @@ static lmc_status send_lookup(lmc_client *c, const char *request_id, const char 
                               int64_t world_size, const lmc_chunks *ch, int64_t num_kv_readers,
                               bool reply_status, lmc_req_id *id, lmc_error *err) {
     lmcc_clear_error(err);
-    if (!request_id || !model_name) return bad_arg(err, "request_id and model_name are required");
+    if (!request_id || !model_name)
+        return lmcc_bad_arg(err, "request_id and model_name are required");
     struct lmcc_map m;
     lmcc_map_init(&m);
     lmcc_put_str(&m, "request_id", request_id);
@@ -598,7 +604,7 @@ static lmc_status send_lookup(lmc_client *c, const char *request_id, const char 
         lmcc_map_destroy(&m);
         return s;
     }
-    return send_map(c, "lookup", &m, id, err);
+    return lmcc_send_map(c, "lookup", &m, id, err);
 }
 
 LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const char *model_name,
@@ -610,11 +616,11 @@ LMC_API lmc_status lmc_send_lookup(lmc_client *c, const char *request_id, const 
 static lmc_status send_request_id_only(lmc_client *c, const char *op, const char *request_id,
                                        lmc_req_id *id, lmc_error *err) {
     lmcc_clear_error(err);
-    if (!request_id) return bad_arg(err, "request_id is required");
+    if (!request_id) return lmcc_bad_arg(err, "request_id is required");
     struct lmcc_map m;
     lmcc_map_init(&m);
     lmcc_put_str(&m, "request_id", request_id);
-    return send_map(c, op, &m, id, err);
+    return lmcc_send_map(c, op, &m, id, err);
 }
 
 LMC_API lmc_status lmc_send_query_prefetch_status(lmc_client *c, const char *request_id,
@@ -632,7 +638,7 @@ LMC_API lmc_status lmc_send_retrieve(lmc_client *c, int64_t instance_id, const l
                                      const char *request_id, int64_t skip_first_n_tokens,
                                      lmc_req_id *id, lmc_error *err) {
     lmcc_clear_error(err);
-    if (!block_ids && num_block_ids) return bad_arg(err, "block_ids is NULL");
+    if (!block_ids && num_block_ids) return lmcc_bad_arg(err, "block_ids is NULL");
     struct lmcc_map m;
     lmcc_map_init(&m);
     lmcc_put_int(&m, "instance_id", instance_id);
@@ -644,7 +650,7 @@ LMC_API lmc_status lmc_send_retrieve(lmc_client *c, int64_t instance_id, const l
         lmcc_map_destroy(&m);
         return s;
     }
-    return send_map(c, "retrieve", &m, id, err);
+    return lmcc_send_map(c, "retrieve", &m, id, err);
 }
 
 LMC_API lmc_status lmc_send_store(lmc_client *c, int64_t instance_id, const lmc_chunks *ch,
@@ -658,7 +664,7 @@ LMC_API lmc_status lmc_send_store_ex(lmc_client *c, int64_t instance_id, const l
                                      const lmc_store_options *opts, lmc_req_id *id,
                                      lmc_error *err) {
     lmcc_clear_error(err);
-    if (!block_ids && num_block_ids) return bad_arg(err, "block_ids is NULL");
+    if (!block_ids && num_block_ids) return lmcc_bad_arg(err, "block_ids is NULL");
     struct lmcc_map m;
     lmcc_map_init(&m);
     lmcc_put_int(&m, "instance_id", instance_id);
@@ -669,7 +675,7 @@ LMC_API lmc_status lmc_send_store_ex(lmc_client *c, int64_t instance_id, const l
         lmcc_map_destroy(&m);
         return s;
     }
-    return send_map(c, "store", &m, id, err);
+    return lmcc_send_map(c, "store", &m, id, err);
 }
 
 static void put_rank(struct lmcc_map *m, const char *model_name, int64_t world_size,
@@ -694,15 +700,15 @@ LMC_API lmc_status lmc_send_store_bytes_ex(lmc_client *c, const char *model_name
                                            const lmc_store_options *opts, lmc_req_id *id,
                                            lmc_error *err) {
     lmcc_clear_error(err);
-    if (!model_name) return bad_arg(err, "model_name is required");
-    if (num_chunks && (!chunks || !chunk_lens)) return bad_arg(err, "chunks is NULL");
-    if (num_chunks > UINT32_MAX) return bad_arg(err, "too many chunks");
+    if (!model_name) return lmcc_bad_arg(err, "model_name is required");
+    if (num_chunks && (!chunks || !chunk_lens)) return lmcc_bad_arg(err, "chunks is NULL");
+    if (num_chunks > UINT32_MAX) return lmcc_bad_arg(err, "too many chunks");
     bool frames = opts && opts->chunk_frames;
     size_t total = 0;
     for (size_t i = 0; i < num_chunks; i++) {
-        if (chunk_lens[i] > UINT32_MAX) return bad_arg(err, "a chunk is larger than 4 GiB");
-        if (frames && !chunk_lens[i]) return bad_arg(err, "a chunk is empty");
-        if (total + chunk_lens[i] + 5 < total) return bad_arg(err, "chunks too large");
+        if (chunk_lens[i] > UINT32_MAX) return lmcc_bad_arg(err, "a chunk is larger than 4 GiB");
+        if (frames && !chunk_lens[i]) return lmcc_bad_arg(err, "a chunk is empty");
+        if (total + chunk_lens[i] + 5 < total) return lmcc_bad_arg(err, "chunks too large");
         if (!frames) total += chunk_lens[i] + 5; /* bin32 header */
     }
     struct lmcc_map m;
@@ -735,7 +741,7 @@ LMC_API lmc_status lmc_send_store_bytes_ex(lmc_client *c, const char *model_name
         if (msgpack_pack_bin(&m.pk, chunk_lens[i]) != 0 ||
             msgpack_pack_bin_body(&m.pk, chunks[i], chunk_lens[i]) != 0)
             m.failed = 1;
-    return send_map(c, "store_bytes", &m, id, err);
+    return lmcc_send_map(c, "store_bytes", &m, id, err);
 }
 
 LMC_API lmc_status lmc_send_retrieve_bytes(lmc_client *c, const char *model_name,
@@ -752,7 +758,7 @@ LMC_API lmc_status lmc_send_retrieve_bytes_ex(lmc_client *c, const char *model_n
                                               const lmc_retrieve_bytes_options *opts,
                                               lmc_req_id *id, lmc_error *err) {
     lmcc_clear_error(err);
-    if (!model_name) return bad_arg(err, "model_name is required");
+    if (!model_name) return lmcc_bad_arg(err, "model_name is required");
     struct lmcc_map m;
     lmcc_map_init(&m);
     put_rank(&m, model_name, world_size, worker_id);
@@ -763,21 +769,21 @@ LMC_API lmc_status lmc_send_retrieve_bytes_ex(lmc_client *c, const char *model_n
         lmcc_map_destroy(&m);
         return s;
     }
-    return send_map(c, "retrieve_bytes", &m, id, err);
+    return lmcc_send_map(c, "retrieve_bytes", &m, id, err);
 }
 
 LMC_API lmc_status lmc_send_free_lookup_locks(lmc_client *c, const char *request_id, int64_t start,
                                               int64_t end, int64_t worker_id, lmc_req_id *id,
                                               lmc_error *err) {
     lmcc_clear_error(err);
-    if (!request_id) return bad_arg(err, "request_id is required");
+    if (!request_id) return lmcc_bad_arg(err, "request_id is required");
     struct lmcc_map m;
     lmcc_map_init(&m);
     lmcc_put_str(&m, "request_id", request_id);
     if (start >= 0) lmcc_put_int(&m, "start", start);
     if (end >= 0) lmcc_put_int(&m, "end", end);
     if (worker_id >= 0) lmcc_put_int(&m, "worker_id", worker_id);
-    return send_map(c, "free_lookup_locks", &m, id, err);
+    return lmcc_send_map(c, "free_lookup_locks", &m, id, err);
 }
 
 LMC_API lmc_status lmc_send_ping(lmc_client *c, int64_t instance_id, lmc_req_id *id,
@@ -786,14 +792,14 @@ LMC_API lmc_status lmc_send_ping(lmc_client *c, int64_t instance_id, lmc_req_id 
     struct lmcc_map m;
     lmcc_map_init(&m);
     if (instance_id >= 0) lmcc_put_int(&m, "instance_id", instance_id);
-    return send_map(c, "ping", &m, id, err);
+    return lmcc_send_map(c, "ping", &m, id, err);
 }
 
 static lmc_status send_empty(lmc_client *c, const char *op, lmc_req_id *id, lmc_error *err) {
     lmcc_clear_error(err);
     struct lmcc_map m;
     lmcc_map_init(&m);
-    return send_map(c, op, &m, id, err);
+    return lmcc_send_map(c, op, &m, id, err);
 }
 
 LMC_API lmc_status lmc_send_noop(lmc_client *c, lmc_req_id *id, lmc_error *err) {
@@ -811,8 +817,8 @@ LMC_API lmc_status lmc_send_get_chunk_size(lmc_client *c, lmc_req_id *id, lmc_er
 /* Waits for the reply of a request just sent (`sent` is the send's status; `id` is a pointer
  * because the send that fills it is another argument of the same call). On LMC_OK or a server error
  * *out holds the reply (free it); on a client-side failure *out is NULL. */
-static lmc_status finish(lmc_client *c, lmc_status sent, const lmc_req_id *id, lmc_reply **out,
-                         lmc_error *err) {
+lmc_status lmcc_finish(lmc_client *c, lmc_status sent, const lmc_req_id *id, lmc_reply **out,
+                       lmc_error *err) {
     *out = NULL;
     if (sent != LMC_OK) return sent;
     lmc_status s = lmc_wait(c, *id, out, err);
@@ -842,7 +848,7 @@ static lmc_status need_u64(lmc_reply *r, const char *field, uint64_t *out, lmc_e
 LMC_API lmc_status lmc_noop(lmc_client *c, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_noop(c, &id, err), &id, &r, err);
+    lmc_status s = lmcc_finish(c, lmc_send_noop(c, &id, err), &id, &r, err);
     lmc_reply_free(r);
     return s;
 }
@@ -851,7 +857,7 @@ LMC_API lmc_status lmc_ping(lmc_client *c, int64_t instance_id, double *server_t
                             lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_ping(c, instance_id, &id, err), &id, &r, err);
+    lmc_status s = lmcc_finish(c, lmc_send_ping(c, instance_id, &id, err), &id, &r, err);
     if (s == LMC_OK && server_time && !get_double(r, "server_time", server_time)) *server_time = 0;
     lmc_reply_free(r);
     return s;
@@ -860,7 +866,7 @@ LMC_API lmc_status lmc_ping(lmc_client *c, int64_t instance_id, double *server_t
 LMC_API lmc_status lmc_get_chunk_size(lmc_client *c, uint64_t *chunk_size, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_get_chunk_size(c, &id, err), &id, &r, err);
+    lmc_status s = lmcc_finish(c, lmc_send_get_chunk_size(c, &id, err), &id, &r, err);
     if (s == LMC_OK) s = need_u64(r, "chunk_size", chunk_size, err);
     lmc_reply_free(r);
     return s;
@@ -869,7 +875,7 @@ LMC_API lmc_status lmc_get_chunk_size(lmc_client *c, uint64_t *chunk_size, lmc_e
 LMC_API lmc_status lmc_clear(lmc_client *c, uint64_t *cleared, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_clear(c, &id, err), &id, &r, err);
+    lmc_status s = lmcc_finish(c, lmc_send_clear(c, &id, err), &id, &r, err);
     out_u64(r, "cleared", cleared);
     lmc_reply_free(r);
     return s;
@@ -880,7 +886,7 @@ LMC_API lmc_status lmc_lookup(lmc_client *c, const char *request_id, const char 
                               lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(
+    lmc_status s = lmcc_finish(
         c, lmc_send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, &id, err),
         &id, &r, err);
     lmc_reply_free(r);
@@ -906,7 +912,8 @@ LMC_API lmc_status lmc_query_prefetch_status(lmc_client *c, const char *request_
                                              uint64_t *hit_chunks, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_query_prefetch_status(c, request_id, &id, err), &id, &r, err);
+    lmc_status s =
+        lmcc_finish(c, lmc_send_query_prefetch_status(c, request_id, &id, err), &id, &r, err);
     s = query_result(s, r, ready, hit_chunks, err);
     lmc_reply_free(r);
     return s;
@@ -919,7 +926,7 @@ LMC_API lmc_status lmc_lookup_wait(lmc_client *c, const char *request_id, const 
     lmc_reply *r = NULL;
     /* The lookup's reply carries the session's first status (reply_status): a lookup answered
      * from L1 costs one request and one reply. */
-    lmc_status s = finish(
+    lmc_status s = lmcc_finish(
         c, send_lookup(c, request_id, model_name, world_size, ch, num_kv_readers, true, &lid, err),
         &lid, &r, err);
     bool ready = false, has_status = false;
@@ -950,10 +957,10 @@ LMC_API lmc_status lmc_retrieve(lmc_client *c, int64_t instance_id, const lmc_ch
                                 uint64_t *retrieved_chunks, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c,
-                          lmc_send_retrieve(c, instance_id, ch, block_ids, num_block_ids,
-                                            request_id, skip_first_n_tokens, &id, err),
-                          &id, &r, err);
+    lmc_status s = lmcc_finish(c,
+                               lmc_send_retrieve(c, instance_id, ch, block_ids, num_block_ids,
+                                                 request_id, skip_first_n_tokens, &id, err),
+                               &id, &r, err);
     if (s == LMC_OK)
         s = need_u64(r, "retrieved_chunks", retrieved_chunks, err);
     else
@@ -1004,9 +1011,9 @@ LMC_API lmc_status lmc_store_ex(lmc_client *c, int64_t instance_id, const lmc_ch
                                 lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s =
-        finish(c, lmc_send_store_ex(c, instance_id, ch, block_ids, num_block_ids, opts, &id, err),
-               &id, &r, err);
+    lmc_status s = lmcc_finish(
+        c, lmc_send_store_ex(c, instance_id, ch, block_ids, num_block_ids, opts, &id, err), &id, &r,
+        err);
     s = store_result(s, r, res, err);
     lmc_reply_free(r);
     return s;
@@ -1019,10 +1026,11 @@ LMC_API lmc_status lmc_store_bytes_ex(lmc_client *c, const char *model_name, int
                                       lmc_store_result *res, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c,
-                          lmc_send_store_bytes_ex(c, model_name, world_size, worker_id, ch, chunks,
-                                                  chunk_lens, num_chunks, opts, &id, err),
-                          &id, &r, err);
+    lmc_status s =
+        lmcc_finish(c,
+                    lmc_send_store_bytes_ex(c, model_name, world_size, worker_id, ch, chunks,
+                                            chunk_lens, num_chunks, opts, &id, err),
+                    &id, &r, err);
     /* Without a reply, libzmq may still hold the caller's chunk frames: take them back. */
     if (!r && opts && opts->chunk_frames) {
         pthread_mutex_lock(&c->zc_lock);
@@ -1073,10 +1081,10 @@ LMC_API lmc_status lmc_retrieve_bytes_ex(lmc_client *c, const char *model_name, 
     lmc_req_id id = 0;
     lmc_reply *r;
     *out = NULL;
-    lmc_status s = finish(c,
-                          lmc_send_retrieve_bytes_ex(c, model_name, world_size, worker_id, ch,
-                                                     request_id, opts, &id, err),
-                          &id, &r, err);
+    lmc_status s = lmcc_finish(c,
+                               lmc_send_retrieve_bytes_ex(c, model_name, world_size, worker_id, ch,
+                                                          request_id, opts, &id, err),
+                               &id, &r, err);
     if (s == LMC_OK && !r->has_frames) {
         const msgpack_object *o = lmcc_map_get(r->map, "chunks");
         bool good = o && o->type == MSGPACK_OBJECT_ARRAY;
@@ -1102,8 +1110,8 @@ LMC_API lmc_status lmc_free_lookup_locks(lmc_client *c, const char *request_id, 
     lmc_req_id id = 0;
     lmc_reply *r;
     lmc_status s =
-        finish(c, lmc_send_free_lookup_locks(c, request_id, start, end, worker_id, &id, err), &id,
-               &r, err);
+        lmcc_finish(c, lmc_send_free_lookup_locks(c, request_id, start, end, worker_id, &id, err),
+                    &id, &r, err);
     if (s == LMC_OK) s = need_u64(r, "released", released, err);
     lmc_reply_free(r);
     return s;
@@ -1112,213 +1120,7 @@ LMC_API lmc_status lmc_free_lookup_locks(lmc_client *c, const char *request_id, 
 LMC_API lmc_status lmc_end_session(lmc_client *c, const char *request_id, lmc_error *err) {
     lmc_req_id id = 0;
     lmc_reply *r;
-    lmc_status s = finish(c, lmc_send_end_session(c, request_id, &id, err), &id, &r, err);
+    lmc_status s = lmcc_finish(c, lmc_send_end_session(c, request_id, &id, err), &id, &r, err);
     lmc_reply_free(r);
-    return s;
-}
-
-/* ---- registered KV caches ---------------------------------------------------------------- */
-
-LMC_API uint64_t lmc_kv_block_bytes(const lmc_kv_layout *l) {
-    if (!l || l->tokens_per_block == 0 || l->bytes_per_token == 0) return 0;
-    if (l->bytes_per_token > UINT64_MAX / l->tokens_per_block) return 0;
-    return (uint64_t)l->tokens_per_block * l->bytes_per_token;
-}
-
-static uint32_t kv_count(const lmc_kv_layout *l) { return l->kv_count ? l->kv_count : 2; }
-
-LMC_API uint64_t lmc_kv_total_bytes(const lmc_kv_layout *l) {
-    uint64_t bb = lmc_kv_block_bytes(l);
-    if (bb == 0 || l->num_layers == 0 || l->num_blocks == 0 || kv_count(l) > 2) return 0;
-    uint64_t per_block = (uint64_t)l->num_layers * kv_count(l); /* < 2^33 */
-    if (l->num_blocks > UINT64_MAX / per_block) return 0;
-    uint64_t units = per_block * l->num_blocks;
-    if (bb > UINT64_MAX / units) return 0;
-    return units * bb;
-}
-
-LMC_API uint64_t lmc_kv_offset(const lmc_kv_layout *l, uint32_t layer, uint32_t k, uint32_t block,
-                               uint32_t token) {
-    uint64_t bb = lmc_kv_block_bytes(l), unit;
-    if (l->block_order == LMC_BLOCK_MAJOR)
-        unit = ((uint64_t)block * l->num_layers + layer) * kv_count(l) + k;
-    else
-        unit = ((uint64_t)layer * kv_count(l) + k) * l->num_blocks + block;
-    return unit * bb + (uint64_t)token * l->bytes_per_token;
-}
-
-struct lmc_kv_context {
-    int64_t instance_id;
-    lmc_kv_layout layout;
-    char dtype[32];
-    char shm_name[256];
-    void *base;
-    uint64_t size;
-    bool created; /* this library created the object and unlinks it */
-};
-
-static void put_register(struct lmcc_map *m, const lmc_register_args *a, const char *shm_name) {
-    lmcc_put_int(m, "instance_id", a->instance_id);
-    lmcc_put_str(m, "model_name", a->model_name);
-    lmcc_put_int(m, "world_size", a->world_size > 0 ? a->world_size : 1);
-    lmcc_put_int(m, "worker_id", a->worker_id > 0 ? a->worker_id : 0);
-    lmcc_put_str(m, "shm_name", shm_name);
-    lmcc_put_layout(m, &a->layout);
-}
-
-/* Writes the nonce of a proof_required reply into the object's proof page: fd when the caller
- * holds the object open, else it is opened by name. */
-static lmc_status write_proof(const lmc_reply *r, int fd, const char *shm_name, uint64_t layout,
-                              lmc_error *err) {
-    const msgpack_object *nonce = lmcc_map_get(r->map, "nonce");
-    uint64_t off = 0;
-    if (!nonce || nonce->type != MSGPACK_OBJECT_BIN || nonce->via.bin.size != 32 ||
-        !lmc_reply_get_u64(r, "proof_offset", &off) || off < layout) {
-        lmcc_set_error(err, LMC_ERR_PROTOCOL,
-                       "proof_required reply without a 32-byte nonce at "
-                       "the end of the object");
-        return LMC_ERR_PROTOCOL;
-    }
-    int own = fd < 0;
-    if (own) fd = shm_open(shm_name, O_RDWR | O_NOFOLLOW, 0);
-    if (fd < 0) {
-        lmcc_set_error(err, LMC_ERR_SYSTEM, "shm_open %s: %s", shm_name, strerror(errno));
-        return LMC_ERR_SYSTEM;
-    }
-    ssize_t w = pwrite(fd, nonce->via.bin.ptr, 32, (off_t)off);
-    int saved = errno;
-    if (own) close(fd);
-    if (w != 32) {
-        lmcc_set_error(err, LMC_ERR_SYSTEM, "writing the proof of %s: %s", shm_name,
-                       w < 0 ? strerror(saved) : "short write");
-        return LMC_ERR_SYSTEM;
-    }
-    return LMC_OK;
-}
-
-/* register_kv_cache, and once more after answering a proof-of-access challenge. */
-static lmc_status send_register(lmc_client *c, const lmc_register_args *a, const char *shm_name,
-                                int fd, lmc_error *err) {
-    lmc_status s = LMC_OK;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        struct lmcc_map m;
-        lmcc_map_init(&m);
-        put_register(&m, a, shm_name);
-        lmc_req_id id = 0;
-        lmc_reply *r;
-        s = finish(c, send_map(c, "register_kv_cache", &m, &id, err), &id, &r, err);
-        if (s == LMC_ERR_PROOF_REQUIRED && attempt == 0) {
-            lmc_status w = write_proof(r, fd, shm_name, lmc_kv_total_bytes(&a->layout), err);
-            lmc_reply_free(r);
-            if (w != LMC_OK) return w;
-            continue;
-        }
-        lmc_reply_free(r);
-        break;
-    }
-    return s;
-}
-
-LMC_API lmc_status lmc_register_kv_cache_raw(lmc_client *c, const lmc_register_args *a,
-                                             lmc_error *err) {
-    lmcc_clear_error(err);
-    if (!c || !a || !a->model_name || !a->shm_name)
-        return bad_arg(err, "model_name and shm_name are required");
-    return send_register(c, a, a->shm_name, -1, err);
-}
-
-LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args *a,
-                                         lmc_kv_context **out, lmc_error *err) {
-    lmcc_clear_error(err);
-    if (!c || !a || !a->model_name || !out) return bad_arg(err, "model_name and out are required");
-    uint64_t size = lmc_kv_total_bytes(&a->layout);
-    if (size == 0 || size > (uint64_t)SIZE_MAX - LMC_KV_PROOF_PAGE ||
-        (off_t)(size + LMC_KV_PROOF_PAGE) < 0)
-        return bad_arg(err, "invalid KV layout (zero field, kv_count > 2 or overflow)");
-    lmc_kv_context *ctx = calloc(1, sizeof(*ctx));
-    if (!ctx) {
-        lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory");
-        return LMC_ERR_NO_MEMORY;
-    }
-    ctx->instance_id = a->instance_id;
-    ctx->layout = a->layout;
-    ctx->layout.kv_count = kv_count(&a->layout);
-    if (a->layout.dtype) {
-        snprintf(ctx->dtype, sizeof(ctx->dtype), "%s", a->layout.dtype);
-        ctx->layout.dtype = ctx->dtype;
-    }
-    int n = a->shm_name ? snprintf(ctx->shm_name, sizeof(ctx->shm_name), "%s", a->shm_name)
-                        : snprintf(ctx->shm_name, sizeof(ctx->shm_name), "/lmcache-kv-%ld-%lld",
-                                   (long)getpid(), (long long)a->instance_id);
-    if (n < 0 || (size_t)n >= sizeof(ctx->shm_name) || ctx->shm_name[0] != '/') {
-        free(ctx);
-        return bad_arg(err, "shm_name must start with '/' and be shorter than 256 bytes");
-    }
-    int fd = shm_open(ctx->shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0) {
-        ctx->created = true;
-    } else if (errno == EEXIST) {
-        fd = shm_open(ctx->shm_name, O_RDWR, 0600);
-    }
-    struct stat st;
-    lmc_status s = LMC_OK;
-    if (fd < 0) {
-        lmcc_set_error(err, LMC_ERR_SYSTEM, "shm_open %s: %s", ctx->shm_name, strerror(errno));
-        s = LMC_ERR_SYSTEM;
-    } else if (fstat(fd, &st) != 0) {
-        lmcc_set_error(err, LMC_ERR_SYSTEM, "fstat %s: %s", ctx->shm_name, strerror(errno));
-        s = LMC_ERR_SYSTEM;
-    } else if ((uint64_t)st.st_size < size + LMC_KV_PROOF_PAGE &&
-               ftruncate(fd, (off_t)(size + LMC_KV_PROOF_PAGE)) != 0) {
-        lmcc_set_error(err, LMC_ERR_SYSTEM, "ftruncate %s to %llu bytes: %s", ctx->shm_name,
-                       (unsigned long long)(size + LMC_KV_PROOF_PAGE), strerror(errno));
-        s = LMC_ERR_SYSTEM;
-    } else {
-        void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            lmcc_set_error(err, LMC_ERR_SYSTEM, "mmap %s: %s", ctx->shm_name, strerror(errno));
-            s = LMC_ERR_SYSTEM;
-        } else {
-            ctx->base = p;
-            ctx->size = size;
-        }
-    }
-    if (s == LMC_OK) s = send_register(c, a, ctx->shm_name, fd, err);
-    if (fd >= 0) close(fd);
-    if (s != LMC_OK) {
-        if (ctx->base) munmap(ctx->base, (size_t)ctx->size);
-        if (ctx->created) shm_unlink(ctx->shm_name);
-        free(ctx);
-        return s;
-    }
-    *out = ctx;
-    return LMC_OK;
-}
-
-LMC_API void *lmc_kv_base(const lmc_kv_context *ctx) { return ctx->base; }
-LMC_API uint64_t lmc_kv_size(const lmc_kv_context *ctx) { return ctx->size; }
-LMC_API const char *lmc_kv_shm_name(const lmc_kv_context *ctx) { return ctx->shm_name; }
-LMC_API int64_t lmc_kv_instance_id(const lmc_kv_context *ctx) { return ctx->instance_id; }
-LMC_API const lmc_kv_layout *lmc_kv_layout_of(const lmc_kv_context *ctx) { return &ctx->layout; }
-
-LMC_API lmc_status lmc_unregister_instance(lmc_client *c, int64_t instance_id, lmc_error *err) {
-    lmcc_clear_error(err);
-    struct lmcc_map m;
-    lmcc_map_init(&m);
-    lmcc_put_int(&m, "instance_id", instance_id);
-    lmc_req_id id = 0;
-    lmc_reply *r;
-    lmc_status s = finish(c, send_map(c, "unregister_kv_cache", &m, &id, err), &id, &r, err);
-    lmc_reply_free(r);
-    return s;
-}
-
-LMC_API lmc_status lmc_unregister_kv_cache(lmc_client *c, lmc_kv_context *ctx, lmc_error *err) {
-    lmcc_clear_error(err);
-    if (!ctx) return LMC_OK;
-    lmc_status s = c ? lmc_unregister_instance(c, ctx->instance_id, err) : LMC_OK;
-    if (ctx->base) munmap(ctx->base, (size_t)ctx->size);
-    if (ctx->created) shm_unlink(ctx->shm_name);
-    free(ctx);
     return s;
 }
