@@ -9,7 +9,7 @@
  * (retrieve_bytes twice: the chunks in the reply map, then as chunk frames sent from L1);
  * prints GB/s, minor page faults per phase (this process, and the server's with --server-pid),
  * lookup latency percentiles (of the throughput prompts, and of 4- and 128-chunk prompts of small
- * objects) and a single-thread memcpy reference of the same run.
+ * objects) and a single-thread memcpy reference of the same run (bench_server_tp.c).
  * echo: the floor under every data-plane number: a bare ZMQ DEALER/ROUTER echo over loopback tcp
  * or ipc of --echo-mib messages (the server thread, in a ZMQ context of its own, sends back the
  * very message it received), the transport alone without msgpack, L1 or shared memory. */
@@ -35,36 +35,8 @@
 #include "base/clock.h"
 #include "base/errbuf.h"
 #include "bench/bench.h"
+#include "bench/bench_server.h"
 #include "lmcache/client.h"
-
-#define MiB        (1ull << 20)
-#define MAX_ROUNDS 16
-
-struct opts {
-    const char *mode;
-    const char *host;
-    int port;
-    const char *http_host;
-    int http_port;
-    const char *model;
-    int clients;
-    int layers, kv_heads, head_dim, dtype_bytes, tokens_per_block, kv_count;
-    const char *block_order;
-    int prompt_tokens;
-    int prompts;
-    int rounds;
-    int instance_base;
-    int timeout_ms;
-    long long seed;
-    int bytes_path; /* throughput: also measure store_bytes/retrieve_bytes */
-    int warmup;     /* throughput: untimed store pass, then `clear`, before the timed phases */
-    int echo_mib;   /* echo: message size */
-    const char *endpoint; /* full ZMQ endpoint of the server (ipc://...); overrides host/port */
-    const char *echo_endpoint; /* echo: tcp | ipc */
-    int server_pid;            /* > 0: page faults of that process are printed per phase */
-    int lookup_samples;        /* throughput: lookups per size in the lookup-latency phase */
-    int malloc_tuning;         /* the server's malloc set-up in this process too */
-};
 
 enum opt_kind { OPT_STR, OPT_INT, OPT_LL, OPT_FLAG_OFF, OPT_FLAG_ON };
 
@@ -184,16 +156,6 @@ static int parse(int argc, char **argv, struct opts *o) {
 
 /* ---- shared helpers ---------------------------------------------------------------------- */
 
-struct shape {
-    lmc_kv_layout layout;
-    uint64_t chunk;      /* tokens per chunk (server's chunk_size) */
-    uint64_t bpc;        /* blocks per chunk */
-    uint64_t nchunks;    /* chunks per prompt */
-    uint64_t bpp;        /* blocks per prompt */
-    uint64_t chunk_obj;  /* bytes of one cached object: kv_count * layers * chunk * bpt */
-    uint64_t prompt_obj; /* bytes of a prompt's chunks */
-};
-
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -201,14 +163,14 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-static void fill_random(void *p, size_t n, uint64_t seed) {
+void bsrv_fill_random(void *p, size_t n, uint64_t seed) {
     uint64_t s = seed, *q = p;
     size_t words = n / 8;
     for (size_t i = 0; i < words; i++) q[i] = splitmix(&s);
     for (size_t i = words * 8; i < n; i++) ((unsigned char *)p)[i] = (unsigned char)splitmix(&s);
 }
 
-static void prompt_tokens(uint32_t *t, uint64_t n, uint64_t seed) {
+void bsrv_prompt_tokens(uint32_t *t, uint64_t n, uint64_t seed) {
     uint64_t s = seed;
     for (uint64_t i = 0; i < n; i++) t[i] = (uint32_t)(splitmix(&s) % 128256u);
 }
@@ -365,7 +327,7 @@ out:
 /* The server's data-plane threads from GET /config, printed with the results so a run with
  * the copy pool and one without (--copy-threads 0) are told apart. Nothing without the admin
  * port or when it does not answer. */
-static void print_server_threads(const struct opts *o) {
+void bsrv_print_server_threads(const struct opts *o) {
     char *body = NULL, err[128];
     if (o->http_port <= 0) return;
     int status = http_post(o->http_host, o->http_port, "/config", NULL, &body, err, sizeof(err));
@@ -424,7 +386,7 @@ out:
     return rc;
 }
 
-static int make_shape(const struct opts *o, uint64_t chunk, struct shape *sh) {
+int bsrv_make_shape(const struct opts *o, uint64_t chunk, struct shape *sh) {
     memset(sh, 0, sizeof(*sh));
     if (o->layers < 1 || o->kv_heads < 1 || o->head_dim < 1 || o->dtype_bytes < 1 ||
         o->tokens_per_block < 1 || (o->kv_count != 1 && o->kv_count != 2) || o->prompts < 1) {
@@ -468,21 +430,20 @@ static int make_shape(const struct opts *o, uint64_t chunk, struct shape *sh) {
     return 0;
 }
 
-/* Connects to --endpoint when given, else tcp://--host:--port. */
-static lmc_status bench_connect(const struct opts *o, const lmc_client_options *co, lmc_client **c,
-                                lmc_error *e) {
+lmc_status bsrv_connect(const struct opts *o, const lmc_client_options *co, lmc_client **c,
+                        lmc_error *e) {
     if (o->endpoint && *o->endpoint) return lmc_client_connect_endpoint(o->endpoint, co, c, e);
     return lmc_client_connect(o->host, o->port, co, c, e);
 }
 
 /* Minor page faults: of this process (getrusage), and of pid from /proc/pid/stat (field 10);
  * -1 when unknown. */
-static long long minflt_self(void) {
+long long bsrv_minflt_self(void) {
     struct rusage ru;
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (long long)ru.ru_minflt : -1;
 }
 
-static long long minflt_of(int pid) {
+long long bsrv_minflt_of(int pid) {
     if (pid <= 0) return -1;
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%d/stat", pid);
@@ -498,7 +459,7 @@ static long long minflt_of(int pid) {
     return v;
 }
 
-static void perr(const char *what, const lmc_error *e) {
+void bsrv_perr(const char *what, const lmc_error *e) {
     fprintf(stderr, "lmcache bench server: %s: %s (%s)\n", what, e->message, e->code);
 }
 
@@ -508,18 +469,18 @@ static int run_correctness(const struct opts *o) {
     lmc_client *c;
     lmc_error e;
     lmc_client_options co = {.timeout_ms = o->timeout_ms};
-    if (bench_connect(o, &co, &c, &e) != LMC_OK) {
-        perr("connect", &e);
+    if (bsrv_connect(o, &co, &c, &e) != LMC_OK) {
+        bsrv_perr("connect", &e);
         return 1;
     }
     uint64_t chunk = 0;
     struct shape sh;
     if (lmc_get_chunk_size(c, &chunk, &e) != LMC_OK) {
-        perr("get_chunk_size", &e);
+        bsrv_perr("get_chunk_size", &e);
         lmc_client_close(c);
         return 1;
     }
-    if (make_shape(o, chunk, &sh) != 0) {
+    if (bsrv_make_shape(o, chunk, &sh) != 0) {
         lmc_client_close(c);
         return 2;
     }
@@ -527,7 +488,7 @@ static int run_correctness(const struct opts *o) {
     lmc_register_args ra = {.instance_id = inst, .model_name = o->model, .layout = sh.layout};
     lmc_kv_context *kv;
     if (lmc_register_kv_cache(c, &ra, &kv, &e) != LMC_OK) {
-        perr("register_kv_cache", &e);
+        bsrv_perr("register_kv_cache", &e);
         lmc_client_close(c);
         return 1;
     }
@@ -552,7 +513,7 @@ static int run_correctness(const struct opts *o) {
     for (int p = 0; p < o->prompts && !errors; p++) {
         uint64_t first = (uint64_t)p * sh.bpp;
         for (uint64_t b = 0; b < sh.bpp; b++) blocks[b] = (int64_t)(first + b);
-        prompt_tokens(toks, sh.nchunks * chunk, (uint64_t)o->seed * 1000003u + (uint64_t)p);
+        bsrv_prompt_tokens(toks, sh.nchunks * chunk, (uint64_t)o->seed * 1000003u + (uint64_t)p);
         lmc_chunks ch = {.token_ids = toks, .num_tokens = sh.nchunks * chunk, .end = -1};
         char rid[64];
         uint64_t hits = 0, n = 0, skipped = 0;
@@ -560,14 +521,15 @@ static int run_correctness(const struct opts *o) {
         for (uint32_t l = 0; l < sh.layout.num_layers; l++)
             for (uint32_t k = 0; k < sh.layout.kv_count; k++)
                 for (uint64_t b = 0; b < sh.bpp; b++)
-                    fill_random(base + lmc_kv_offset(&sh.layout, l, k, (uint32_t)(first + b), 0),
-                                lmc_kv_block_bytes(&sh.layout),
-                                (uint64_t)o->seed ^ ((first + b) << 20) ^ (l << 4) ^ k);
+                    bsrv_fill_random(base +
+                                         lmc_kv_offset(&sh.layout, l, k, (uint32_t)(first + b), 0),
+                                     lmc_kv_block_bytes(&sh.layout),
+                                     (uint64_t)o->seed ^ ((first + b) << 20) ^ (l << 4) ^ k);
         snprintf(rid, sizeof(rid), "bench-%lld-%d-cold", o->seed, p);
         double t0 = clock_mono();
         if (lmc_lookup_wait(c, rid, o->model, 1, &ch, 1, 50, &hits, &e) != LMC_OK ||
             lmc_end_session(c, rid, &e) != LMC_OK) {
-            perr("cold lookup", &e);
+            bsrv_perr("cold lookup", &e);
             errors++;
             break;
         }
@@ -577,7 +539,7 @@ static int run_correctness(const struct opts *o) {
         t_lookup += t1 - t0;
         t_store += t2 - t1;
         if (s != LMC_OK) {
-            perr("store", &e);
+            bsrv_perr("store", &e);
             errors++;
             break;
         }
@@ -601,7 +563,7 @@ static int run_correctness(const struct opts *o) {
         t_lookup += t1 - t0;
         t_retrieve += t2 - t1;
         if (s != LMC_OK) {
-            perr("warm lookup/retrieve", &e);
+            bsrv_perr("warm lookup/retrieve", &e);
             errors++;
             break;
         }
@@ -639,7 +601,7 @@ static int run_correctness(const struct opts *o) {
                t_lookup * 1e3 / (2.0 * o->prompts), t_store * 1e3 / o->prompts,
                t_retrieve * 1e3 / o->prompts);
 out:
-    if (lmc_unregister_kv_cache(c, kv, &e) != LMC_OK) perr("unregister_kv_cache", &e);
+    if (lmc_unregister_kv_cache(c, kv, &e) != LMC_OK) bsrv_perr("unregister_kv_cache", &e);
     lmc_client_close(c);
     free(toks);
     free(blocks);
@@ -650,451 +612,6 @@ out:
     printf("%s: %d prompts, %d mismatches, %d errors\n", bad ? "FAILED" : "PASSED", o->prompts,
            mismatches, errors);
     return bad ? 1 : 0;
-}
-
-/* ---- throughput mode --------------------------------------------------------------------- */
-
-/* PH_STORE_FRAMES: store_bytes with chunk_frames (the chunks sent from the client's buffers
- * as frames); PH_RETRIEVE_FRAMES: retrieve_bytes with chunk_frames (sent from L1 as frames). */
-enum {
-    PH_STORE,
-    PH_LOOKUP,
-    PH_RETRIEVE,
-    PH_STORE_BYTES,
-    PH_STORE_FRAMES,
-    PH_RETRIEVE_BYTES,
-    PH_RETRIEVE_FRAMES,
-    NPHASE
-};
-static const char *const PHASE_NAMES[NPHASE] = {"store (shm)",    "lookup",       "retrieve (shm)",
-                                                "store_bytes",    "store_frames", "retrieve_bytes",
-                                                "retrieve_frames"};
-
-struct worker {
-    const struct opts *o;
-    const struct shape *sh;
-    pthread_barrier_t *bar;
-    int idx;
-    int failed;
-    uint64_t bytes[NPHASE];
-    double *lat; /* lookup latencies, seconds */
-    size_t nlat;
-};
-
-static void fail(struct worker *w, const char *what, const lmc_error *e) {
-    if (!w->failed) fprintf(stderr, "client %d: %s: %s (%s)\n", w->idx, what, e->message, e->code);
-    w->failed = 1;
-}
-
-static void *worker_main(void *arg) {
-    struct worker *w = arg;
-    const struct opts *o = w->o;
-    const struct shape *sh = w->sh;
-    lmc_client *c = NULL;
-    lmc_kv_context *kv = NULL;
-    lmc_error e;
-    lmc_client_options co = {.timeout_ms = o->timeout_ms};
-    int64_t inst = o->instance_base + w->idx;
-    uint64_t ntok = sh->nchunks * sh->chunk;
-    uint32_t *toks = malloc((size_t)o->prompts * ntok * sizeof(uint32_t));
-    int64_t *blocks = malloc(sh->bpp * sizeof(int64_t));
-    void **objs = calloc(sh->nchunks, sizeof(void *));
-    size_t *lens = calloc(sh->nchunks, sizeof(size_t));
-    if (!toks || !blocks || !objs || !lens) {
-        fprintf(stderr, "client %d: out of memory\n", w->idx);
-        w->failed = 1;
-    }
-    if (!w->failed && bench_connect(o, &co, &c, &e) != LMC_OK) fail(w, "connect", &e);
-    if (!w->failed) {
-        lmc_register_args ra = {.instance_id = inst, .model_name = o->model, .layout = sh->layout};
-        if (lmc_register_kv_cache(c, &ra, &kv, &e) != LMC_OK)
-            fail(w, "register_kv_cache", &e);
-        else
-            fill_random(lmc_kv_base(kv), lmc_kv_size(kv), (uint64_t)o->seed + (uint64_t)w->idx);
-        for (int p = 0; p < o->prompts && !w->failed; p++)
-            prompt_tokens(toks + (size_t)p * ntok, ntok,
-                          (uint64_t)o->seed * 1000003u + (uint64_t)w->idx * 7919u + (uint64_t)p);
-        for (uint64_t i = 0; i < sh->nchunks && !w->failed && o->bytes_path; i++) {
-            objs[i] = malloc(sh->chunk_obj);
-            lens[i] = sh->chunk_obj;
-            if (!objs[i])
-                w->failed = 1;
-            else
-                fill_random(objs[i], sh->chunk_obj, i + 1);
-        }
-    }
-    if (o->warmup) {
-        /* Untimed: touch the server's mapping of our blocks and L1 pages; main clears L1. */
-        for (int p = 0; p < o->prompts && !w->failed; p++) {
-            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
-                             .num_tokens = ntok,
-                             .end = -1,
-                             .cache_salt = "warmup"};
-            for (uint64_t b = 0; b < sh->bpp; b++) blocks[b] = (int64_t)((uint64_t)p * sh->bpp + b);
-            if (lmc_store(c, inst, &ch, blocks, sh->bpp, NULL, NULL, &e) != LMC_OK)
-                fail(w, "warm-up store", &e);
-        }
-        pthread_barrier_wait(w->bar);
-        pthread_barrier_wait(w->bar);
-    }
-    /* Phase 0: store. */
-    pthread_barrier_wait(w->bar);
-    for (int p = 0; p < o->prompts && !w->failed; p++) {
-        lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok, .num_tokens = ntok, .end = -1};
-        for (uint64_t b = 0; b < sh->bpp; b++) blocks[b] = (int64_t)((uint64_t)p * sh->bpp + b);
-        uint64_t stored = 0, skipped = 0;
-        if (lmc_store(c, inst, &ch, blocks, sh->bpp, &stored, &skipped, &e) != LMC_OK)
-            fail(w, "store", &e);
-        w->bytes[PH_STORE] += stored * sh->chunk_obj;
-    }
-    pthread_barrier_wait(w->bar);
-    for (int r = 0; r < o->rounds; r++) {
-        /* Phase 1: lookups (sessions keep their read locks). */
-        pthread_barrier_wait(w->bar);
-        for (int p = 0; p < o->prompts && !w->failed; p++) {
-            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok, .num_tokens = ntok, .end = -1};
-            char rid[64];
-            snprintf(rid, sizeof(rid), "tp-%lld-%d-%d", o->seed, w->idx, p);
-            uint64_t hits = 0;
-            double t0 = clock_mono();
-            if (lmc_lookup_wait(c, rid, o->model, 1, &ch, 1, 20, &hits, &e) != LMC_OK)
-                fail(w, "lookup", &e);
-            w->lat[w->nlat++] = clock_mono() - t0;
-            if (!w->failed && hits != sh->nchunks) {
-                fprintf(stderr, "client %d: lookup hit %llu of %llu chunks (is L1 large enough?)\n",
-                        w->idx, (unsigned long long)hits, (unsigned long long)sh->nchunks);
-                w->failed = 1;
-            }
-        }
-        pthread_barrier_wait(w->bar);
-        /* Phase 2: retrieve under the sessions' locks. */
-        pthread_barrier_wait(w->bar);
-        for (int p = 0; p < o->prompts && !w->failed; p++) {
-            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok, .num_tokens = ntok, .end = -1};
-            char rid[64];
-            snprintf(rid, sizeof(rid), "tp-%lld-%d-%d", o->seed, w->idx, p);
-            for (uint64_t b = 0; b < sh->bpp; b++) blocks[b] = (int64_t)((uint64_t)p * sh->bpp + b);
-            uint64_t got = 0;
-            if (lmc_retrieve(c, inst, &ch, blocks, sh->bpp, rid, 0, &got, &e) != LMC_OK)
-                fail(w, "retrieve", &e);
-            w->bytes[PH_RETRIEVE] += got * sh->chunk_obj;
-        }
-        pthread_barrier_wait(w->bar);
-        for (int p = 0; p < o->prompts && c; p++) {
-            char rid[64];
-            snprintf(rid, sizeof(rid), "tp-%lld-%d-%d", o->seed, w->idx, p);
-            if (lmc_end_session(c, rid, &e) != LMC_OK) fail(w, "end_session", &e);
-        }
-    }
-    if (o->bytes_path) {
-        /* Phase 3: store_bytes (salt "b": other keys than the shared-memory ones). */
-        pthread_barrier_wait(w->bar);
-        for (int p = 0; p < o->prompts && !w->failed; p++) {
-            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
-                             .num_tokens = ntok,
-                             .end = -1,
-                             .cache_salt = "b"};
-            uint64_t stored = 0, skipped = 0;
-            if (lmc_store_bytes(c, o->model, 1, 0, &ch, (const void *const *)objs, lens,
-                                sh->nchunks, &stored, &skipped, &e) != LMC_OK)
-                fail(w, "store_bytes", &e);
-            w->bytes[PH_STORE_BYTES] += stored * sh->chunk_obj;
-        }
-        pthread_barrier_wait(w->bar);
-        /* Phase 3b: store_bytes with chunk_frames (salt "f"). */
-        pthread_barrier_wait(w->bar);
-        lmc_store_options so = {.chunk_frames = true};
-        for (int p = 0; p < o->prompts && !w->failed; p++) {
-            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
-                             .num_tokens = ntok,
-                             .end = -1,
-                             .cache_salt = "f"};
-            lmc_store_result res;
-            if (lmc_store_bytes_ex(c, o->model, 1, 0, &ch, (const void *const *)objs, lens,
-                                   sh->nchunks, &so, &res, &e) != LMC_OK)
-                fail(w, "store_bytes chunk_frames", &e);
-            w->bytes[PH_STORE_FRAMES] += res.stored_chunks * sh->chunk_obj;
-        }
-        pthread_barrier_wait(w->bar);
-        /* Phase 4: retrieve_bytes. */
-        pthread_barrier_wait(w->bar);
-        for (int r = 0; r < o->rounds; r++)
-            for (int p = 0; p < o->prompts && !w->failed; p++) {
-                lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
-                                 .num_tokens = ntok,
-                                 .end = -1,
-                                 .cache_salt = "b"};
-                lmc_reply *rep = NULL;
-                if (lmc_retrieve_bytes(c, o->model, 1, 0, &ch, NULL, &rep, &e) != LMC_OK) {
-                    fail(w, "retrieve_bytes", &e);
-                    break;
-                }
-                size_t n = lmc_reply_num_chunks(rep);
-                for (size_t i = 0; i < n; i++) {
-                    const void *d;
-                    size_t l;
-                    if (lmc_reply_chunk(rep, i, &d, &l)) w->bytes[PH_RETRIEVE_BYTES] += l;
-                }
-                lmc_reply_free(rep);
-            }
-        pthread_barrier_wait(w->bar);
-        /* Phase 5: retrieve_bytes with chunk_frames. */
-        pthread_barrier_wait(w->bar);
-        lmc_retrieve_bytes_options ro = {.chunk_frames = true};
-        for (int r = 0; r < o->rounds; r++)
-            for (int p = 0; p < o->prompts && !w->failed; p++) {
-                lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
-                                 .num_tokens = ntok,
-                                 .end = -1,
-                                 .cache_salt = "b"};
-                lmc_reply *rep = NULL;
-                if (lmc_retrieve_bytes_ex(c, o->model, 1, 0, &ch, NULL, &ro, &rep, &e) != LMC_OK) {
-                    fail(w, "retrieve_bytes chunk_frames", &e);
-                    break;
-                }
-                size_t n = lmc_reply_num_chunks(rep);
-                for (size_t i = 0; i < n; i++) {
-                    const void *d;
-                    size_t l;
-                    if (lmc_reply_chunk(rep, i, &d, &l)) w->bytes[PH_RETRIEVE_FRAMES] += l;
-                }
-                lmc_reply_free(rep);
-            }
-        pthread_barrier_wait(w->bar);
-    }
-    if (kv && lmc_unregister_kv_cache(c, kv, &e) != LMC_OK) fail(w, "unregister_kv_cache", &e);
-    lmc_client_close(c);
-    for (uint64_t i = 0; i < sh->nchunks; i++) free(objs[i]);
-    free(objs);
-    free(lens);
-    free(toks);
-    free(blocks);
-    return NULL;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(const double *v, size_t n, double p) {
-    if (n == 0) return 0;
-    size_t i = (size_t)(p / 100.0 * (double)(n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
-/* Lookup latency as an engine sees it before scheduling a request: lmc_lookup_wait (lookup +
- * query_prefetch_status until ready) and end_session, on a prompt whose chunks are all in L1.
- * The objects are 4 KiB, stored with store_bytes under model <model>-lat (no KV cache is
- * registered for it), so the figure is the round trip and the per-chunk work, not copies.
- * Prints p50/p90/p99/max for 4- and 128-chunk prompts. */
-static int lookup_latency(const struct opts *o, const lmc_client_options *co, uint64_t chunk) {
-    enum { MAXCH = 128, OBJ = 4096 };
-    lmc_client *c = NULL;
-    lmc_error e;
-    char model[300];
-    snprintf(model, sizeof(model), "%s-lat", o->model);
-    uint32_t *toks = malloc(MAXCH * chunk * sizeof(uint32_t));
-    unsigned char *obj = malloc(OBJ);
-    const void **bufs = malloc(MAXCH * sizeof(void *));
-    size_t *lens = malloc(MAXCH * sizeof(size_t));
-    double *lat = malloc((size_t)o->lookup_samples * sizeof(double));
-    static uint8_t hashes[MAXCH * 32];
-    int rc = 1;
-    if (!toks || !obj || !bufs || !lens || !lat) {
-        fprintf(stderr, "lmcache bench server: out of memory\n");
-        goto out;
-    }
-    prompt_tokens(toks, MAXCH * chunk, (uint64_t)o->seed * 31u + 17u);
-    fill_random(obj, OBJ, (uint64_t)o->seed);
-    fill_random(hashes, sizeof(hashes), (uint64_t)o->seed * 7u + 3u);
-    for (int i = 0; i < MAXCH; i++) {
-        bufs[i] = obj;
-        lens[i] = OBJ;
-    }
-    lmc_chunks all = {.token_ids = toks, .num_tokens = MAXCH * chunk, .end = -1};
-    lmc_chunks allh = {
-        .chunk_hashes = hashes, .num_chunk_hashes = MAXCH, .hash_len = 32, .end = -1};
-    if (bench_connect(o, co, &c, &e) != LMC_OK ||
-        lmc_store_bytes(c, model, 1, 0, &all, bufs, lens, MAXCH, NULL, NULL, &e) != LMC_OK ||
-        lmc_store_bytes(c, model, 1, 0, &allh, bufs, lens, MAXCH, NULL, NULL, &e) != LMC_OK) {
-        perr("lookup latency: store_bytes", &e);
-        goto out;
-    }
-    /* 4 and 128 chunks named by token_ids (the whole prompt is sent and hashed by the server),
-     * and 128 chunks named by chunk_hashes (32 bytes per chunk on the wire). */
-    static const int sizes[3] = {4, MAXCH, MAXCH};
-    for (int k = 0; k < 3; k++) {
-        int by_hash = k == 2;
-        lmc_chunks ch = {.token_ids = toks, .num_tokens = (size_t)sizes[k] * chunk, .end = -1};
-        if (by_hash) ch = allh;
-        for (int i = -8; i < o->lookup_samples; i++) { /* 8 untimed */
-            char rid[64];
-            uint64_t hits = 0;
-            snprintf(rid, sizeof(rid), "lat-%d-%d", k, i);
-            double t0 = clock_mono();
-            if (lmc_lookup_wait(c, rid, model, 1, &ch, 1, 20, &hits, &e) != LMC_OK) {
-                perr("lookup latency: lookup", &e);
-                goto out;
-            }
-            double dt = clock_mono() - t0;
-            if (lmc_end_session(c, rid, &e) != LMC_OK) {
-                perr("lookup latency: end_session", &e);
-                goto out;
-            }
-            if (hits != (uint64_t)sizes[k]) {
-                fprintf(stderr, "lmcache bench server: lookup latency: %llu of %d chunks hit\n",
-                        (unsigned long long)hits, sizes[k]);
-                goto out;
-            }
-            if (i >= 0) lat[i] = dt;
-        }
-        size_t n = (size_t)o->lookup_samples;
-        qsort(lat, n, sizeof(double), cmp_double);
-        printf("lookup %3d chunks by %-12s (lookup_wait until ready, %zu samples): p50 %.1f us, "
-               "p90 %.1f us, p99 %.1f us, max %.1f us\n",
-               sizes[k], by_hash ? "chunk_hashes" : "token_ids", n, pct(lat, n, 50) * 1e6,
-               pct(lat, n, 90) * 1e6, pct(lat, n, 99) * 1e6, lat[n - 1] * 1e6);
-    }
-    rc = 0;
-out:
-    lmc_client_close(c);
-    free(toks);
-    free(obj);
-    free(bufs);
-    free(lens);
-    free(lat);
-    return rc;
-}
-
-static int run_throughput(const struct opts *o) {
-    lmc_client *c;
-    lmc_error e;
-    lmc_client_options co = {.timeout_ms = o->timeout_ms};
-    uint64_t chunk = 0;
-    struct shape sh;
-    if (o->clients < 1 || o->rounds < 1 || o->rounds > MAX_ROUNDS) {
-        fprintf(stderr, "lmcache bench server: --clients must be positive, --rounds 1..%d\n",
-                MAX_ROUNDS);
-        return 2;
-    }
-    if (bench_connect(o, &co, &c, &e) != LMC_OK || lmc_get_chunk_size(c, &chunk, &e) != LMC_OK) {
-        perr("get_chunk_size", &e);
-        lmc_client_close(c);
-        return 1;
-    }
-    lmc_client_close(c);
-    if (make_shape(o, chunk, &sh) != 0) return 2;
-    double ws = (double)sh.prompt_obj * o->prompts * o->clients;
-    printf("throughput: %d clients x %d prompts x %llu chunks of %llu tokens; layout %d layers, "
-           "%d KV heads x %d dim x %d bytes, %d tokens/block, %s; chunk object %.2f MiB; "
-           "working set %.2f GiB per path (L1 must hold %s)\n",
-           o->clients, o->prompts, (unsigned long long)sh.nchunks, (unsigned long long)chunk,
-           o->layers, o->kv_heads, o->head_dim, o->dtype_bytes, o->tokens_per_block, o->block_order,
-           (double)sh.chunk_obj / MiB, ws / (1 << 30), o->bytes_path ? "twice that" : "it");
-    print_server_threads(o);
-    double ref_before = bench_memcpy_gbps(0, 1.0);
-
-    pthread_barrier_t bar;
-    if (pthread_barrier_init(&bar, NULL, (unsigned)o->clients + 1) != 0) return 1;
-    struct worker *w = calloc((size_t)o->clients, sizeof(*w));
-    pthread_t *th = calloc((size_t)o->clients, sizeof(*th));
-    size_t nlat_each = (size_t)o->prompts * (size_t)o->rounds;
-    int started = 0, rc = 0;
-    if (!w || !th) goto oom;
-    for (int i = 0; i < o->clients; i++) {
-        w[i] = (struct worker){.o = o, .sh = &sh, .bar = &bar, .idx = i};
-        w[i].lat = malloc(nlat_each * sizeof(double));
-        if (!w[i].lat) goto oom;
-    }
-    for (; started < o->clients; started++)
-        if (pthread_create(&th[started], NULL, worker_main, &w[started]) != 0) {
-            fprintf(stderr, "lmcache bench server: pthread_create failed\n");
-            abort(); /* the barrier cannot complete without every worker */
-        }
-    double secs[NPHASE] = {0};
-    /* The phases in the order the workers run them; each is bracketed by two barriers. */
-    int phases[1 + 2 * MAX_ROUNDS + 4];
-    int np = 0;
-    phases[np++] = PH_STORE;
-    for (int r = 0; r < o->rounds; r++) {
-        phases[np++] = PH_LOOKUP;
-        phases[np++] = PH_RETRIEVE;
-    }
-    if (o->bytes_path) {
-        phases[np++] = PH_STORE_BYTES;
-        phases[np++] = PH_STORE_FRAMES;
-        phases[np++] = PH_RETRIEVE_BYTES;
-        phases[np++] = PH_RETRIEVE_FRAMES;
-    }
-    if (o->warmup) {
-        pthread_barrier_wait(&bar);
-        uint64_t cleared = 0;
-        if (bench_connect(o, &co, &c, &e) != LMC_OK || lmc_clear(c, &cleared, &e) != LMC_OK) {
-            perr("clear after the warm-up", &e);
-            rc = 1;
-        } else {
-            printf("warm-up: stored and cleared %llu objects\n", (unsigned long long)cleared);
-        }
-        lmc_client_close(c);
-        pthread_barrier_wait(&bar);
-    }
-    long long sflt[NPHASE] = {0}, cflt[NPHASE] = {0};
-    for (int i = 0; i < np; i++) {
-        pthread_barrier_wait(&bar);
-        long long s0 = minflt_of(o->server_pid), c0 = minflt_self();
-        double t0 = clock_mono();
-        pthread_barrier_wait(&bar);
-        secs[phases[i]] += clock_mono() - t0;
-        long long s1 = minflt_of(o->server_pid), c1 = minflt_self();
-        sflt[phases[i]] += s0 >= 0 && s1 >= 0 ? s1 - s0 : 0;
-        cflt[phases[i]] += c1 - c0;
-    }
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < o->clients; i++) rc |= w[i].failed;
-    if (!rc && o->lookup_samples > 0 && lookup_latency(o, &co, chunk) != 0) rc = 1;
-    /* The reference is taken before and after the phases; ratios use the higher one. */
-    double ref_after = bench_memcpy_gbps(0, 1.0);
-    double ref = ref_before > ref_after ? ref_before : ref_after;
-    printf("memcpy reference (1 thread, 64 MiB buffers): %.2f GB/s before, %.2f GB/s after\n",
-           ref_before, ref_after);
-    uint64_t bytes[NPHASE] = {0};
-    size_t nl = 0;
-    double *lat = malloc((size_t)o->clients * nlat_each * sizeof(double));
-    if (!lat) goto oom;
-    for (int i = 0; i < o->clients; i++) {
-        rc |= w[i].failed;
-        for (int p = 0; p < NPHASE; p++) bytes[p] += w[i].bytes[p];
-        memcpy(lat + nl, w[i].lat, w[i].nlat * sizeof(double));
-        nl += w[i].nlat;
-    }
-    qsort(lat, nl, sizeof(double), cmp_double);
-    for (int p = 0; p < NPHASE; p++) {
-        if (p == PH_LOOKUP || secs[p] == 0) continue;
-        double g = (double)bytes[p] / secs[p] / 1e9;
-        char srv[48] = "";
-        if (o->server_pid > 0) snprintf(srv, sizeof(srv), "%lld server / ", sflt[p]);
-        printf("%-15s %8.2f GB/s  (%.2f GiB in %.3f s, %.0f%% of memcpy; minor faults: %s%lld "
-               "client)\n",
-               PHASE_NAMES[p], g, (double)bytes[p] / (1 << 30), secs[p],
-               ref > 0 ? 100.0 * g / ref : 0.0, srv, cflt[p]);
-    }
-    printf("lookup latency (lookup + query_prefetch_status until ready, %zu samples): p50 %.1f us, "
-           "p90 %.1f us, p99 %.1f us, max %.1f us\n",
-           nl, pct(lat, nl, 50) * 1e6, pct(lat, nl, 90) * 1e6, pct(lat, nl, 99) * 1e6,
-           nl ? lat[nl - 1] * 1e6 : 0.0);
-    free(lat);
-    goto out;
-oom:
-    fprintf(stderr, "lmcache bench server: out of memory\n");
-    rc = 1;
-out:
-    for (int i = 0; w && i < o->clients; i++) free(w[i].lat);
-    free(w);
-    free(th);
-    pthread_barrier_destroy(&bar);
-    if (rc) printf("FAILED: some requests failed (see above)\n");
-    return rc ? 1 : 0;
 }
 
 /* echo: the ROUTER side, in a thread of its own: returns every message to its sender. */
@@ -1144,7 +661,7 @@ static int run_echo(const struct opts *o) {
         goto out;
     }
     if (!buf || !router || !dealer) goto out;
-    fill_random(buf, n, (uint64_t)o->seed);
+    bsrv_fill_random(buf, n, (uint64_t)o->seed);
     zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof(zero));
     if (ipc) {
@@ -1252,7 +769,7 @@ int bench_server_main(int argc, char **argv) {
 #endif
     if (o.seed < 0) o.seed = (long long)(time(NULL) ^ ((long long)getpid() << 16)) & 0xffffffffll;
     if (!strcmp(o.mode, "correctness")) return run_correctness(&o);
-    if (!strcmp(o.mode, "throughput")) return run_throughput(&o);
+    if (!strcmp(o.mode, "throughput")) return bsrv_run_throughput(&o);
     if (!strcmp(o.mode, "echo")) return run_echo(&o);
     fprintf(stderr, "lmcache bench server: --mode must be correctness, throughput or echo\n");
     return 2;
