@@ -119,8 +119,24 @@ def test_replies_keep_request_order_across_loop_and_worker(srv):
         for op, reply in got:
             if op == "query_prefetch_status":
                 assert reply["ready"] and reply["hit_chunks"] == 1, reply
+    # Whether any of those small requests found the worker idle depends on timing (a loaded
+    # machine may keep the worker busy from a's first store to b's last request). Once every
+    # reply is in, the worker is idle: b's next pipeline starts with a noop the loop must run,
+    # followed by requests the worker runs and small ones either thread may run.
+    before = loop_count(s)
+    hb = hashes(1, b"b-idle")
+    replies = pipeline(b, [
+        ("noop", {}),
+        ("store_bytes", {"model_name": MODEL, "chunk_hashes": hb, "chunks": [big]}),
+        ("noop", {}),
+        ("lookup", {"request_id": "b-idle", "model_name": MODEL, "chunk_hashes": hb}),
+        ("query_prefetch_status", {"request_id": "b-idle"}),
+        ("end_session", {"request_id": "b-idle"}),
+    ])
+    assert all(r["ok"] for r in replies), replies
+    assert replies[4]["ready"] and replies[4]["hit_chunks"] == 1, replies[4]
     b.sock.close(0)
-    assert loop_count(s) >= 1  # the first noop of b, or a's, found the worker idle at least once
+    assert loop_count(s) >= before + 1
 
 
 def test_big_lookups_and_sessions_go_to_the_worker(srv):
