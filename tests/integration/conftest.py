@@ -25,7 +25,7 @@ class Server:
                 self._start(args, env, wait_ready, l1_size_gb, policy)
                 return
             except RuntimeError as e:
-                if attempt == 2 or "address in use" not in str(e):
+                if attempt == 2 or "already in use" not in str(e).lower():
                     raise
 
     def _start(self, args, env, wait_ready, l1_size_gb, policy):
@@ -70,7 +70,7 @@ class Server:
             try:
                 if requests.get(self.url + "/healthcheck", timeout=5).status_code == 200:
                     return
-            except requests.Timeout:
+            except (requests.ConnectionError, requests.Timeout):  # exited: reported above
                 pass
             time.sleep(0.05)
         raise RuntimeError("server did not become ready: " + self.output())
