@@ -48,6 +48,36 @@ static void fail(struct worker *w, const char *what, const lmc_error *e) {
     w->failed = 1;
 }
 
+/* One timed retrieve_bytes phase (salt "b", the keys of phase 3): --rounds passes over the
+ * prompts, the bytes of every chunk received counted to `phase`. */
+static void retrieve_bytes_phase(struct worker *w, lmc_client *c, const uint32_t *toks, size_t ntok,
+                                 const lmc_retrieve_bytes_options *ro, int phase,
+                                 const char *what) {
+    const struct opts *o = w->o;
+    lmc_error e;
+    pthread_barrier_wait(w->bar);
+    for (int r = 0; r < o->rounds; r++)
+        for (int p = 0; p < o->prompts && !w->failed; p++) {
+            lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
+                             .num_tokens = ntok,
+                             .end = -1,
+                             .cache_salt = "b"};
+            lmc_reply *rep = NULL;
+            if (lmc_retrieve_bytes_ex(c, o->model, 1, 0, &ch, NULL, ro, &rep, &e) != LMC_OK) {
+                fail(w, what, &e);
+                break;
+            }
+            size_t n = lmc_reply_num_chunks(rep);
+            for (size_t i = 0; i < n; i++) {
+                const void *d;
+                size_t l;
+                if (lmc_reply_chunk(rep, i, &d, &l)) w->bytes[phase] += l;
+            }
+            lmc_reply_free(rep);
+        }
+    pthread_barrier_wait(w->bar);
+}
+
 static void *worker_main(void *arg) {
     struct worker *w = arg;
     const struct opts *o = w->o;
@@ -180,51 +210,12 @@ static void *worker_main(void *arg) {
             w->bytes[PH_STORE_FRAMES] += res.stored_chunks * sh->chunk_obj;
         }
         pthread_barrier_wait(w->bar);
-        /* Phase 4: retrieve_bytes. */
-        pthread_barrier_wait(w->bar);
-        for (int r = 0; r < o->rounds; r++)
-            for (int p = 0; p < o->prompts && !w->failed; p++) {
-                lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
-                                 .num_tokens = ntok,
-                                 .end = -1,
-                                 .cache_salt = "b"};
-                lmc_reply *rep = NULL;
-                if (lmc_retrieve_bytes(c, o->model, 1, 0, &ch, NULL, &rep, &e) != LMC_OK) {
-                    fail(w, "retrieve_bytes", &e);
-                    break;
-                }
-                size_t n = lmc_reply_num_chunks(rep);
-                for (size_t i = 0; i < n; i++) {
-                    const void *d;
-                    size_t l;
-                    if (lmc_reply_chunk(rep, i, &d, &l)) w->bytes[PH_RETRIEVE_BYTES] += l;
-                }
-                lmc_reply_free(rep);
-            }
-        pthread_barrier_wait(w->bar);
+        /* Phase 4: retrieve_bytes (the chunks in the reply map). */
+        retrieve_bytes_phase(w, c, toks, ntok, NULL, PH_RETRIEVE_BYTES, "retrieve_bytes");
         /* Phase 5: retrieve_bytes with chunk_frames. */
-        pthread_barrier_wait(w->bar);
         lmc_retrieve_bytes_options ro = {.chunk_frames = true};
-        for (int r = 0; r < o->rounds; r++)
-            for (int p = 0; p < o->prompts && !w->failed; p++) {
-                lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
-                                 .num_tokens = ntok,
-                                 .end = -1,
-                                 .cache_salt = "b"};
-                lmc_reply *rep = NULL;
-                if (lmc_retrieve_bytes_ex(c, o->model, 1, 0, &ch, NULL, &ro, &rep, &e) != LMC_OK) {
-                    fail(w, "retrieve_bytes chunk_frames", &e);
-                    break;
-                }
-                size_t n = lmc_reply_num_chunks(rep);
-                for (size_t i = 0; i < n; i++) {
-                    const void *d;
-                    size_t l;
-                    if (lmc_reply_chunk(rep, i, &d, &l)) w->bytes[PH_RETRIEVE_FRAMES] += l;
-                }
-                lmc_reply_free(rep);
-            }
-        pthread_barrier_wait(w->bar);
+        retrieve_bytes_phase(w, c, toks, ntok, &ro, PH_RETRIEVE_FRAMES,
+                             "retrieve_bytes chunk_frames");
     }
     if (kv && lmc_unregister_kv_cache(c, kv, &e) != LMC_OK) fail(w, "unregister_kv_cache", &e);
     lmc_client_close(c);
