@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 rc=0
 scripts/build.sh build-tsan -DLMCACHE_TSAN=ON -DLMCACHE_TESTS=ON
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
-for t in build-tsan/test_l1_stress build-tsan/test_l1_clear_stress build-tsan/test_l2_stress build-tsan/test_l2_dax; do
+for t in build-tsan/test_l1_stress build-tsan/test_l1_clear_stress build-tsan/test_l2_stress build-tsan/test_l2_dax build-tsan/test_kvwarm; do
     echo "--- $t (ThreadSanitizer)"
     timeout 600 "$t" || rc=1
 done

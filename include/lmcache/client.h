@@ -161,6 +161,12 @@ LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args 
  * (shm_open O_RDWR) and writing the nonce; the object must then hold the proof page. */
 LMC_API lmc_status lmc_register_kv_cache_raw(lmc_client *c, const lmc_register_args *a,
                                              lmc_error *err);
+/* The server faults a registered object in on a thread of its own after answering the
+ * registration (only the pages the object holds: lmc_register_kv_cache allocates the whole
+ * object). Copies work meanwhile but may pay per page; this waits (pinging every 5 ms) until it is
+ * done: LMC_OK, LMC_ERR_TIMEOUT after timeout_ms (< 0: no limit), LMC_ERR_NOT_REGISTERED. */
+LMC_API lmc_status lmc_kv_wait_warm(lmc_client *c, int64_t instance_id, int timeout_ms,
+                                    lmc_error *err);
 LMC_API void *lmc_kv_base(const lmc_kv_context *ctx);
 LMC_API uint64_t lmc_kv_size(const lmc_kv_context *ctx);
 LMC_API const char *lmc_kv_shm_name(const lmc_kv_context *ctx);

@@ -119,8 +119,10 @@ def _dec_ping(reply, op):
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         raise LmcacheError(errors.PROTOCOL, "reply field 'server_time' is not a number", op)
     reg = reply.get("registered")
+    warming = reply.get("warming")
     return PingResult(inst if isinstance(inst, int) and inst >= 0 else None, float(t),
-                      reg if isinstance(reg, bool) else None)
+                      reg if isinstance(reg, bool) else None,
+                      warming if isinstance(warming, bool) else None)
 
 
 def _dec_chunk_size(reply, op):

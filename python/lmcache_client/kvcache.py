@@ -4,6 +4,7 @@ import mmap
 import os
 import re
 import stat
+import time
 import weakref
 
 import numpy as np
@@ -97,6 +98,10 @@ class KVCache:
                 raise OSError(f"{self.path}: not a regular file of this user") from None
         size = self.layout.total_bytes
         os.ftruncate(self._fd, size + PROOF_PAGE)
+        if self._created:
+            # Allocated now: a full /dev/shm fails here (ENOSPC), not as a SIGBUS at a first
+            # write, and the server faults in only pages that exist (docs/protocol.md).
+            os.posix_fallocate(self._fd, 0, size + PROOF_PAGE)
         self._mm = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         lo = self.layout
         e = lo.bytes_per_token // self.dtype.itemsize
@@ -166,6 +171,19 @@ class KVCache:
 
     def ping(self):
         return self.client.ping(self.instance_id)
+
+    def wait_warm(self, timeout=60.0, poll=0.01):
+        """Waits until the server has faulted this cache's shared memory in (it does so in the
+        background after registration: copies work meanwhile, but may pay per page). Returns
+        True, or False when `timeout` seconds passed first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            p = self.ping()
+            if not p.warming:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
 
     def blocks_per_chunk(self):
         return self.layout.blocks_per_chunk(self.client.chunk_size)

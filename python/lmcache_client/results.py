@@ -47,6 +47,8 @@ class PingResult:
     instance_id: Optional[int]
     server_time: float
     registered: Optional[bool] = None  # with an instance_id: whether the server knows it
+    # registered: whether the server is still faulting the shared memory in (docs/protocol.md)
+    warming: Optional[bool] = None
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,8 @@ static void *worker_main(void *arg) {
         else
             bsrv_fill_random(lmc_kv_base(kv), lmc_kv_size(kv),
                              (uint64_t)o->seed + (uint64_t)w->idx);
+        /* the server faults the region in after registering it: not in the timed phases */
+        if (!w->failed && lmc_kv_wait_warm(c, inst, -1, &e) != LMC_OK) fail(w, "warm-up", &e);
         for (int p = 0; p < o->prompts && !w->failed; p++)
             bsrv_prompt_tokens(toks + (size_t)p * ntok, ntok,
                                (uint64_t)o->seed * 1000003u + (uint64_t)w->idx * 7919u +

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/client_codec.h"
@@ -170,6 +171,13 @@ LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args 
         lmcc_set_error(err, LMC_ERR_SYSTEM, "ftruncate %s to %llu bytes: %s", ctx->shm_name,
                        (unsigned long long)(size + LMC_KV_PROOF_PAGE), strerror(errno));
         s = LMC_ERR_SYSTEM;
+    } else if (ctx->created &&
+               (errno = posix_fallocate(fd, 0, (off_t)(size + LMC_KV_PROOF_PAGE))) != 0) {
+        /* Allocated now: a full /dev/shm fails here, not as a SIGBUS at a first write; and the
+         * server faults in only the pages an object holds (docs/protocol.md). */
+        lmcc_set_error(err, LMC_ERR_SYSTEM, "posix_fallocate %s, %llu bytes: %s", ctx->shm_name,
+                       (unsigned long long)(size + LMC_KV_PROOF_PAGE), strerror(errno));
+        s = LMC_ERR_SYSTEM;
     } else {
         void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
@@ -190,6 +198,43 @@ LMC_API lmc_status lmc_register_kv_cache(lmc_client *c, const lmc_register_args 
     }
     *out = ctx;
     return LMC_OK;
+}
+
+LMC_API lmc_status lmc_kv_wait_warm(lmc_client *c, int64_t instance_id, int timeout_ms,
+                                    lmc_error *err) {
+    lmcc_clear_error(err);
+    if (!c || instance_id < 0) return lmcc_bad_arg(err, "a client and an instance_id are required");
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        lmc_req_id id = 0;
+        lmc_reply *r;
+        lmc_status s = lmcc_finish(c, lmc_send_ping(c, instance_id, &id, err), &id, &r, err);
+        bool warming = false, registered = true;
+        if (s == LMC_OK) {
+            (void)lmc_reply_get_bool(r, "warming", &warming); /* absent: an older server */
+            (void)lmc_reply_get_bool(r, "registered", &registered);
+        }
+        lmc_reply_free(r);
+        if (s != LMC_OK) return s;
+        if (!registered) {
+            lmcc_set_error(err, LMC_ERR_NOT_REGISTERED,
+                           "instance_id %lld is not registered on this connection",
+                           (long long)instance_id);
+            return LMC_ERR_NOT_REGISTERED;
+        }
+        if (!warming) return LMC_OK;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double ms =
+            (double)(now.tv_sec - t0.tv_sec) * 1e3 + (double)(now.tv_nsec - t0.tv_nsec) / 1e6;
+        if (timeout_ms >= 0 && ms >= timeout_ms) {
+            lmcc_set_error(err, LMC_ERR_TIMEOUT, "the server is still faulting in instance %lld",
+                           (long long)instance_id);
+            return LMC_ERR_TIMEOUT;
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 LMC_API void *lmc_kv_base(const lmc_kv_context *ctx) { return ctx->base; }

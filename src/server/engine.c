@@ -553,8 +553,12 @@ int engine_start(struct engine *e, char *err, size_t errlen) {
     char msg[256];
     if (c->l1_prefault && pthread_create(&e->prefault_tid, NULL, prefault_main, e) == 0)
         e->prefault_started = 1;
-    if (periodic_start(e->periodic, "l1-evictor", PERIODIC_HIGH, 0.1, l1_evictor_tick, e, err,
-                       sizeof(err)) < 0) {
+    if (kvwarm_start(&e->contexts) < 0) {
+        errbuf_set(err, errlen, "kv-warm thread: %s", strerror(errno));
+        return -1;
+    }
+    if (periodic_start(e->periodic, "l1-evictor", PERIODIC_HIGH, 0.1, l1_evictor_tick, e, msg,
+                       sizeof(msg)) < 0) {
         errbuf_set(err, errlen, "l1-evictor: %s", msg);
         return -1;
     }
@@ -601,6 +605,7 @@ void engine_destroy(struct engine *e) {
         pthread_join(e->prefault_tid, NULL);
         e->prefault_started = 0;
     }
+    kvwarm_stop(&e->contexts);
     periodic_registry_free(e->periodic);
     /* Pending L2 requests finish (their callbacks release locks through the session table). */
     if (e->l2ctl) l2ctl_destroy(e->l2ctl);

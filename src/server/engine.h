@@ -307,9 +307,9 @@ void engine_context_put(struct kv_context *c);
 /* The first registered layout for (model, world_size): 0, or -1 when none is registered. */
 int engine_context_layout(struct engine *e, const char *model, uint32_t world_size,
                           struct kv_layout *out);
-/* ping: refreshes liveness; 0, or -1 when unknown. */
+/* ping: refreshes liveness; 0, or -1 when unknown. warm_state (may be NULL): KV_WARM_*. */
 int engine_context_ping(struct engine *e, int64_t instance_id, const uint8_t *owner,
-                        uint64_t now_ns);
+                        uint64_t now_ns, int *warm_state);
 /* POST /cache/checksums: calls fn(arg, bytes, len) for layers [l0, l1), K then V, each of the n
  * blocks in turn, under the SIGBUS guard. 0, -1 when the mapping shrank, or fn's nonzero. */
 int engine_context_read_blocks(struct engine *e, const struct kv_context *c, const uint32_t *ids,

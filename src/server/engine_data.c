@@ -582,8 +582,8 @@ int engine_context_layout(struct engine *e, const char *model, uint32_t world_si
 }
 
 int engine_context_ping(struct engine *e, int64_t instance_id, const uint8_t *owner,
-                        uint64_t now_ns) {
-    return kvreg_ping(&e->contexts, instance_id, owner, now_ns);
+                        uint64_t now_ns, int *warm_state) {
+    return kvreg_ping(&e->contexts, instance_id, owner, now_ns, warm_state);
 }
 
 struct block_read {

@@ -19,16 +19,27 @@
 #include <unistd.h>
 
 #include "base/errbuf.h"
-#include "base/prefault.h"
 #include "server/copypool.h"
 
 void kvreg_init(struct kv_registry *r) {
     pthread_mutex_init(&r->lock, NULL);
     r->head = NULL;
     r->count = 0;
+    memset(&r->warm, 0, sizeof(r->warm));
+    pthread_mutex_init(&r->warm.mu, NULL);
+    pthread_cond_init(&r->warm.cv, NULL);
+}
+
+/* Out of the registry (the caller unlinked it under the lock): the warmer stops at its next
+ * step, and the registry's reference goes. */
+static void ctx_retire(struct kv_context *c) {
+    if (!c) return;
+    atomic_store(&c->retired, 1);
+    kvreg_put(c);
 }
 
 static void ctx_free(struct kv_context *c) {
+    if (c->warm_fd >= 0) close(c->warm_fd);
     if (c->base) munmap(c->base, c->map_size);
     free(c);
 }
@@ -38,6 +49,7 @@ void kvreg_put(struct kv_context *c) {
 }
 
 void kvreg_destroy(struct kv_registry *r) {
+    kvwarm_stop(r);
     pthread_mutex_lock(&r->lock);
     struct kv_context *c = r->head;
     r->head = NULL;
@@ -45,10 +57,12 @@ void kvreg_destroy(struct kv_registry *r) {
     pthread_mutex_unlock(&r->lock);
     while (c) {
         struct kv_context *n = c->next;
-        kvreg_put(c);
+        ctx_retire(c);
         c = n;
     }
     pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->warm.cv);
+    pthread_mutex_destroy(&r->warm.mu);
 }
 
 uint64_t kv_layout_bytes(const struct kv_layout *l) {
@@ -345,6 +359,7 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     c->next = NULL;
     c->map_size = need;
     c->nowners = 0;
+    c->warm_fd = -1;
     add_owner(c, auth->peer);
     c->shm_dev = (uint64_t)st.st_dev;
     c->shm_ino = (uint64_t)st.st_ino;
@@ -354,13 +369,12 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
         free(c);
         goto out;
     }
-    /* Faulted in now, writable and touched (base/prefault.h), so neither the first store (reads)
-     * nor the first retrieve (writes) pays per page in the timed path. Best effort: a region
-     * the client shrank meanwhile fails here and is caught by the guarded copies later. */
-    (void)prefault_range(p, c->map_size, 1);
     c->base = p;
     atomic_store(&c->refs, 1);
     atomic_store(&c->last_seen_ns, now_ns);
+    /* Faulted in by the `kv-warm` thread (kvwarm.c), not here: on a slow-paging VM that takes
+     * seconds per GiB, which would hold this worker and its other clients. */
+    kvwarm_queue(r, c, fd);
 
     struct kv_context *old = NULL;
     pthread_mutex_lock(&r->lock);
@@ -376,7 +390,7 @@ int kvreg_register(struct kv_registry *r, const struct kv_context *tmpl, const s
     r->head = c;
     r->count++;
     pthread_mutex_unlock(&r->lock);
-    kvreg_put(old);
+    ctx_retire(old);
     rc = 0;
 out:
     close(fd);
@@ -396,7 +410,7 @@ int kvreg_unregister(struct kv_registry *r, int64_t instance_id, const unsigned 
         }
     }
     pthread_mutex_unlock(&r->lock);
-    kvreg_put(found);
+    ctx_retire(found);
     return found ? 0 : -1;
 }
 
@@ -422,13 +436,14 @@ struct kv_context *kvreg_get_for(struct kv_registry *r, int64_t instance_id,
 }
 
 int kvreg_ping(struct kv_registry *r, int64_t instance_id, const unsigned char *peer,
-               uint64_t now_ns) {
+               uint64_t now_ns, int *warm_state) {
     int rc = -1;
     pthread_mutex_lock(&r->lock);
     for (struct kv_context *c = r->head; c; c = c->next) {
         if (c->instance_id == instance_id && (!peer || is_owner(c, peer))) {
             atomic_store(&c->last_seen_ns, now_ns);
             c->pinged = 1;
+            if (warm_state) *warm_state = atomic_load(&c->warm_state);
             rc = 0;
         }
     }
@@ -457,7 +472,7 @@ size_t kvreg_reap(struct kv_registry *r, uint64_t now_ns, uint64_t timeout_ns, u
     pthread_mutex_unlock(&r->lock);
     while (dead) {
         struct kv_context *next = dead->next;
-        kvreg_put(dead);
+        ctx_retire(dead);
         dead = next;
     }
     return n;
@@ -488,10 +503,13 @@ json_t *kvreg_meta(struct kv_registry *r) {
                       l->order == KV_LAYER_MAJOR ? "layer_major" : "block_major", "dtype", l->dtype,
                       "is_mla", l->kv_count == 1);
         json_object_set_new(o, id,
-                            json_pack("{s:s, s:i, s:i, s:s, s:o}", "model_name", c->model_name,
-                                      "world_size", (int)c->world_size, "worker_id",
+                            json_pack("{s:s, s:i, s:i, s:s, s:o, s:s, s:I, s:I}", "model_name",
+                                      c->model_name, "world_size", (int)c->world_size, "worker_id",
                                       (int)c->worker_id, "shm_name", c->shm_name, "kv_cache_layout",
-                                      layout));
+                                      layout, "warm_state",
+                                      kv_warm_state_name(atomic_load(&c->warm_state)),
+                                      "warmed_bytes", (json_int_t)atomic_load(&c->warm_bytes),
+                                      "mapped_bytes", (json_int_t)c->map_size));
     }
     pthread_mutex_unlock(&r->lock);
     return o;

@@ -39,13 +39,55 @@ struct kv_context {
     unsigned char owners[8][32];
     unsigned nowners;
     struct kv_context *next;
+    /* Warming (kvwarm.c): a KV_WARM_* state, the bytes faulted in so far, and whether the
+     * registry has dropped the context (the warmer then stops early). */
+    _Atomic int warm_state;
+    _Atomic uint64_t warm_bytes;
+    _Atomic int retired;
+    int warm_fd;                  /* the object, open while it is queued or being warmed */
+    struct kv_context *warm_next; /* the warmer's queue (under its mutex) */
+};
+
+/* The `kv-warm` thread: faults registered objects in after their registration was answered. */
+struct kv_warmer {
+    pthread_mutex_t mu; /* leaf: guards the queue and the stop flag */
+    pthread_cond_t cv;
+    struct kv_context *head, *tail; /* one reference each */
+    int stop, running;
+    pthread_t tid;
 };
 
 struct kv_registry {
     pthread_mutex_t lock;
     struct kv_context *head;
     size_t count;
+    struct kv_warmer warm;
 };
+
+/* Warm states of a registered context. */
+#define KV_WARM_OFF     0 /* no warmer runs (it is warmed by its first copies) */
+#define KV_WARM_QUEUED  1 /* faulting in: copies work, and may pay per page meanwhile */
+#define KV_WARM_DONE    2 /* every page the object held at registration is faulted in */
+#define KV_WARM_FAILED  3 /* the object shrank under the warmer (copies fail with shm_error) */
+#define KV_WARM_DROPPED 4 /* unregistered or replaced before the warmer finished */
+
+/* Starts the `kv-warm` thread; until then (and after kvwarm_stop) registrations are not warmed.
+ * 0, or -1 with errno. */
+int kvwarm_start(struct kv_registry *r);
+/* Stops it (the object being warmed is left where it is) and drops the queue. */
+void kvwarm_stop(struct kv_registry *r);
+/* kvreg_register's hand-over: queues a new context (the queue holds a reference and a
+ * duplicate of fd, the object's descriptor). */
+void kvwarm_queue(struct kv_registry *r, struct kv_context *c, int fd);
+/* Faults in bytes [off, off + len) of c's mapping, writable and touched as base/prefault.h does,
+ * without allocating a page of the object on the client's behalf: all of them when `whole` (the
+ * caller saw the object fully allocated), else only the pages the object holds written
+ * (mincore). Runs under the SIGBUS guard. Returns 0 and adds the bytes faulted in to *warmed,
+ * or -1 when the object no longer covers the range. */
+int kv_warm_range(const struct kv_context *c, uint64_t off, uint64_t len, int whole,
+                  uint64_t *warmed);
+/* "off", "warming", "warm", "failed" or "dropped". */
+const char *kv_warm_state_name(int state);
 
 void kvreg_init(struct kv_registry *r);
 void kvreg_destroy(struct kv_registry *r);
@@ -109,9 +151,10 @@ struct kv_context *kvreg_get_for(struct kv_registry *r, int64_t instance_id,
                                  const unsigned char *peer, uint64_t now_ns);
 void kvreg_put(struct kv_context *c);
 /* ping: refreshes liveness; 0, or -1 when unknown or (peer not NULL) not registered by that
- * connection (a stranger's pings must not keep a registration alive). */
+ * connection (a stranger's pings must not keep a registration alive). With warm_state not
+ * NULL, the registration's KV_WARM_* state. */
 int kvreg_ping(struct kv_registry *r, int64_t instance_id, const unsigned char *peer,
-               uint64_t now_ns);
+               uint64_t now_ns, int *warm_state);
 /* Drops registrations silent for longer than timeout_ns (grace_ns if never pinged). Returns
  * how many were dropped. */
 size_t kvreg_reap(struct kv_registry *r, uint64_t now_ns, uint64_t timeout_ns, uint64_t grace_ns);

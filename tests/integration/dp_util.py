@@ -5,6 +5,7 @@ import mmap
 import os
 import random
 import struct
+import time
 import uuid
 
 import msgpack
@@ -64,6 +65,17 @@ class DPClient:
         assert r_id == rid and r_op == op.encode()
         return msgpack.unpackb(body)
 
+    def wait_warm(self, instance_id, timeout=60):
+        """Pings until the server has faulted the instance's shared memory in."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.call("ping", instance_id=instance_id)
+            assert r["registered"], r
+            if not r["warming"]:
+                return r
+            assert time.monotonic() < deadline, "the server is still faulting the region in"
+            time.sleep(0.005)
+
     def call(self, op, **payload):
         reply = register(self.raw, payload) if op == "register_kv_cache" else self.raw(op, payload)
         if not reply["ok"]:
@@ -114,6 +126,11 @@ class ShmKV:
 
     def zero(self):
         self.mem[:] = b"\0" * self.size
+
+    def allocate(self):
+        """Gives the object its memory (as an engine that has used every block): the server
+        faults in only pages an object holds."""
+        os.posix_fallocate(self.fd, 0, self.size + PROOF_PAGE)
 
     def close(self):
         self.mem.close()

@@ -164,6 +164,10 @@ int main(int argc, char **argv) {
     if (s != LMC_OK) return 1;
     unsigned char *base = lmc_kv_base(kv);
     size_t size = lmc_kv_size(kv);
+    check("kv_wait_warm", lmc_kv_wait_warm(c, 7, 30000, &e), &e);
+    s = lmc_kv_wait_warm(c, 12345, 30000, &e);
+    expect("kv_wait_warm of an unregistered instance is not_registered",
+           s == LMC_ERR_NOT_REGISTERED);
     fill(base, size, (unsigned)getpid());
     unsigned char *orig = malloc(size);
     if (!orig) return 1;

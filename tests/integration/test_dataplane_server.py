@@ -306,17 +306,26 @@ def smaps_of(pid, path):
 
 
 def test_registration_maps_the_region_populated_and_writable(dp):
-    """The first retrieve into a registered region pays no per-page cost: registration faults
-    every page in writable (dirty), not only readable (a clean page costs a dirty-bit update on
-    its first write, a hypervisor exit on shadow-paged VMs)."""
+    """The first retrieve into a registered region pays no per-page cost: after registration
+    the server's `kv-warm` thread faults every page in writable (dirty), not only readable (a
+    clean page costs a dirty-bit update on its first write, a hypervisor exit on shadow-paged
+    VMs); `ping` says when that is over, /status shows it."""
     s, c = dp()
     kv = ShmKV(layers=4, blocks=256)  # 4 x 2 x 256 x 1 KiB = 2 MiB
+    kv.allocate()
     try:
-        c.call("register_kv_cache", instance_id=3, model_name="m", **kv.layout())
+        r = c.call("register_kv_cache", instance_id=3, model_name="m", **kv.layout())
+        assert isinstance(r["warming"], bool)
+        assert c.wait_warm(3)["warming"] is False
         m = smaps_of(s.proc.pid, "/dev/shm" + kv.name)
         assert m, "the region is not mapped by the server"
         assert m["Rss"] * 1024 >= kv.size
         assert m["Shared_Dirty"] + m["Private_Dirty"] == m["Rss"], m
+        meta = s.get("/status").json()["cache_context_meta"]["3"]
+        assert meta["warm_state"] == "warm"
+        assert meta["warmed_bytes"] == meta["mapped_bytes"] == kv.size
+        # An unknown instance says nothing of warming.
+        assert "warming" not in c.call("ping", instance_id=4)
     finally:
         c.close()
         kv.close()

@@ -577,3 +577,51 @@ def test_other_clients_locks_cannot_fill_an_objects_reader_count(dp):
         assert got["chunks"] == [data]
     finally:
         attacker.close()
+
+
+def test_registration_allocates_nothing_of_a_sparse_object(dp):
+    """Registering a large object that holds no memory (ftruncate only) makes the server fault
+    in nothing: a 200-byte request must not allocate 256 MiB of shared memory on the client's
+    behalf (charged to the daemon). The object stays a hole after the warm-up."""
+    s, c = dp()
+    kv = ShmKV(layers=2, blocks=32768, tokens_per_block=16, bytes_per_token=128)  # 256 MiB
+    try:
+        c.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())
+        c.wait_warm(1)
+        meta = s.get("/status").json()["cache_context_meta"]["1"]
+        assert meta["warm_state"] == "warm" and meta["warmed_bytes"] == 0, meta
+        assert meta["mapped_bytes"] == kv.size
+        # the object holds no page but its proof page (the nonce the client wrote there)
+        assert os.fstat(kv.fd).st_blocks * 512 <= PROOF_PAGE
+        # The half the engine then writes is used as usual.
+        kv.fill_blocks(range(2), "w")
+        r = c.call("store", instance_id=1, token_ids=prompt(1, 0), block_ids=[0, 1])
+        assert r["stored_chunks"] == 1
+    finally:
+        kv.close()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.1, 0.3])
+def test_an_object_shrunk_while_it_is_faulted_in_does_not_kill_the_server(dp, delay):
+    """The server faults a registered object in after answering; the client shrinks it under
+    that (after `delay` seconds). The warm-up stops (a SIGBUS inside it is caught), the server
+    keeps serving, and copies through the registration fail with shm_error."""
+    s, c = dp()
+    kv = ShmKV(layers=2, blocks=16384, tokens_per_block=16, bytes_per_token=128)  # 128 MiB
+    kv.allocate()
+    other = DPClient(s.zmq_port, timeout_ms=10000)
+    try:
+        c.call("register_kv_cache", instance_id=1, model_name="m", **kv.layout())
+        __import__("time").sleep(delay)
+        os.ftruncate(kv.fd, 4096)
+        assert c.wait_warm(1)["warming"] is False
+        assert s.get("/healthcheck").status_code == 200
+        meta = s.get("/status").json()["cache_context_meta"]["1"]
+        assert meta["warm_state"] in ("warm", "failed"), meta
+        r = c.raw("store", dict(instance_id=1, token_ids=prompt(1, 0),
+                                block_ids=[16000, 16001]))
+        assert r.get("code") == "shm_error", r
+        assert other.call("noop")["result"] == "OK"
+    finally:
+        other.close()
+        kv.close()

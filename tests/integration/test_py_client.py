@@ -168,6 +168,23 @@ def test_every_operation_through_shared_memory(dp, order):
     assert e.value.code == errors.NOT_REGISTERED
 
 
+def test_kvcache_is_allocated_and_warmed_whole(dp):
+    """KVCache allocates its object (posix_fallocate): the server faults all of it in after the
+    registration, and wait_warm() waits for that."""
+    s, c = dp()
+    kv = KVCache(c, 1, "m", KVLayout(**LAYOUT))
+    try:
+        assert os.stat(kv.path).st_blocks * 512 >= kv.layout.total_bytes
+        assert kv.wait_warm(timeout=30) is True
+        p = kv.ping()
+        assert p.registered is True and p.warming is False
+        meta = s.get("/status").json()["cache_context_meta"]["1"]
+        assert meta["warm_state"] == "warm" and meta["warmed_bytes"] == kv.layout.total_bytes
+        assert c.ping(99).warming is None  # unknown instance
+    finally:
+        kv.close()
+
+
 def test_layer_major_store_retrieves_into_block_major(dp):
     s, c = dp()
     a = KVCache(c, 1, "m", KVLayout(**LAYOUT))

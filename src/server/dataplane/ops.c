@@ -363,6 +363,11 @@ static int op_register(struct op_ctx *o) {
         return -1;
     }
     if (register_checked(o, &c) < 0) return -1;
+    /* The object is faulted in by the server's `kv-warm` thread after this reply: `warming`
+     * until that is over (ping tells), copies meanwhile work and may pay per page. */
+    int warm = KV_WARM_OFF;
+    (void)engine_context_ping(o->e, c.instance_id, owner_of(o), o->now, &warm);
+    dp_put_bool(o->r, "warming", warm == KV_WARM_QUEUED);
     log_info(o->e->lg_dp, "registered KV cache of instance %lld (%s, rank %u/%u, shm %s)",
              (long long)c.instance_id, c.model_name, c.worker_id, c.world_size, c.shm_name);
     return 0;
@@ -978,9 +983,11 @@ static int op_ping(struct op_ctx *o) {
     int64_t id = -1;
     if (dp_int(o->m, "instance_id", 0, 0, INT64_MAX, &id, o->err) < 0) return -1;
     if (id >= 0) {
-        int known = engine_context_ping(o->e, id, o->peer ? owner_of(o) : NULL, o->now) == 0;
+        int warm = KV_WARM_OFF;
+        int known = engine_context_ping(o->e, id, o->peer ? owner_of(o) : NULL, o->now, &warm) == 0;
         dp_put_int(o->r, "instance_id", id);
         dp_put_bool(o->r, "registered", known);
+        if (known) dp_put_bool(o->r, "warming", warm == KV_WARM_QUEUED);
     }
     dp_put_double(o->r, "server_time", clock_wall());
     return 0;
