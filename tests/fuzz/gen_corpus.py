@@ -1,12 +1,14 @@
 #!/usr/bin/python3
-"""Writes the seed corpora of fuzz_master_rpc and fuzz_client_reply into tests/fuzz/corpus/:
+"""Writes the seed corpora of fuzz_master_rpc, fuzz_client_reply and fuzz_dp_decode into
+tests/fuzz/corpus/:
 valid messages, so the fuzzers start from inputs that reach the handlers and decoders.
 
     LMCACHE_BUILD_DIR=build /usr/bin/python3 tests/fuzz/gen_corpus.py
 
 fuzz_master_rpc input: one byte (the method's index in umbp.proto's service, the order of the
 master's method table) and the protobuf request. fuzz_client_reply input: a msgpack reply map
-as the server sends it. The committed files are this script's output; rerun it when a message
+as the server sends it. fuzz_dp_decode input: a request payload with integer arrays long
+enough to be read in place. The committed files are this script's output; rerun it when a message
 changes."""
 import os
 import re
@@ -72,6 +74,28 @@ def client_reply():
     write("fuzz_client_reply", {f: msgpack.packb(r) for f, r in replies.items()})
 
 
+def dp_decode():
+    mixed = [5, 200, 70000, 4000000000, 127, 128, 65535, 65536] * 12  # every plain form
+    payloads = {
+        "lookup": {"request_id": "r", "model_name": "m", "token_ids": list(range(512))},
+        "store": {"instance_id": 1, "token_ids": mixed, "block_ids": list(range(96)),
+                  "cache_salt": "s"},
+        "short": {"token_ids": list(range(63)), "block_ids": [1, 2]},
+        "uint64": {"token_ids": [2 ** 40] + list(range(80))},
+        "negative": {"block_ids": [-1] + list(range(80))},
+        "twice": [("token_ids", list(range(70))), ("token_ids", [1])],
+    }
+    out = {}
+    for f, p in payloads.items():
+        if isinstance(p, list):  # a map with a repeated key, packed by hand
+            body = b"".join(msgpack.packb(k) + msgpack.packb(v) for k, v in p)
+            out[f] = bytes([0x80 | len(p)]) + body
+        else:
+            out[f] = msgpack.packb(p)
+    write("fuzz_dp_decode", out)
+
+
 if __name__ == "__main__":
     master_rpc()
     client_reply()
+    dp_decode()

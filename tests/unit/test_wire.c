@@ -130,6 +130,148 @@ static void test_str_field_rejects_invalid_utf8(void **state) {
     msgpack_unpacked_destroy(&up);
 }
 
+/* ---- integer arrays read in place ---- */
+
+static void pack_key(msgpack_packer *pk, const char *k) {
+    msgpack_pack_str(pk, strlen(k));
+    msgpack_pack_str_body(pk, k, strlen(k));
+}
+
+/* A token value of every plain form (fixint, uint8, uint16, uint32). */
+static uint32_t token(uint32_t i) {
+    static const uint32_t forms[] = {5, 200, 70000, 4000000000u, 127, 128, 65535, 65536};
+    return forms[i % 8] + (i % 8 == 3 ? i : 0);
+}
+
+static void test_large_integer_arrays_are_read_in_place(void **state) {
+    (void)state;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 4);
+    pack_key(&pk, "model_name");
+    msgpack_pack_str(&pk, 1);
+    msgpack_pack_str_body(&pk, "m", 1);
+    pack_key(&pk, "token_ids");
+    msgpack_pack_array(&pk, 1000);
+    for (uint32_t i = 0; i < 1000; i++) msgpack_pack_uint32(&pk, token(i));
+    pack_key(&pk, "block_ids");
+    msgpack_pack_array(&pk, 70);
+    for (uint32_t i = 0; i < 70; i++) msgpack_pack_uint64(&pk, i * 3);
+    pack_key(&pk, "start");
+    msgpack_pack_int(&pk, 256);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    struct dp_map m;
+    struct dp_err err = {0};
+    assert_int_equal(dp_decode(sb.data, sb.size, &up, &m, &err), 0);
+    assert_int_equal(m.nraw, 2);
+    const msgpack_object *t = dp_get(&m, "token_ids");
+    assert_non_null(t);
+    assert_int_equal(t->type, MSGPACK_OBJECT_ARRAY);
+    assert_int_equal(t->via.array.size, 1000);
+    uint32_t *v = NULL, n = 0;
+    assert_int_equal(dp_u32_array(&m, "token_ids", 1, &v, &n, &err), 0);
+    assert_int_equal(n, 1000);
+    for (uint32_t i = 0; i < n; i++) assert_int_equal(v[i], token(i));
+    free(v);
+    const struct dp_rawarr *b = dp_raw(&m, "block_ids");
+    assert_non_null(b);
+    uint32_t ids[70];
+    dp_raw_u32(b, ids);
+    for (uint32_t i = 0; i < 70; i++) assert_int_equal(ids[i], i * 3);
+    /* the other fields as before */
+    char model[8];
+    int64_t start = 0;
+    assert_int_equal(dp_cstr(&m, "model_name", 1, model, sizeof(model), &err), 0);
+    assert_string_equal(model, "m");
+    assert_int_equal(dp_int(&m, "start", 1, 0, 1000, &start, &err), 0);
+    assert_int_equal(start, 256);
+    /* no element objects: dp_array says so instead of handing out none */
+    const msgpack_object *arr;
+    assert_int_equal(dp_array(&m, "block_ids", 1, &arr, &n, &err), -1);
+    dp_map_free(&m);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* Whatever the in-place reader does not take is decoded whole by msgpack-c, so its errors and
+ * values stay what they were. */
+static void test_unusual_arrays_are_decoded_whole(void **state) {
+    (void)state;
+    for (int which = 0; which < 6; which++) {
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_map(&pk, which == 3 ? 2 : 1);
+        pack_key(&pk, "token_ids");
+        uint32_t n = which == 0 ? DP_RAW_MIN - 1 : 100;
+        msgpack_pack_array(&pk, n);
+        for (uint32_t i = 0; i < n; i++) {
+            if (i == 50 && which == 1)
+                msgpack_pack_uint64(&pk, 1ULL << 33); /* does not fit */
+            else if (i == 50 && which == 2)
+                msgpack_pack_int(&pk, -1);
+            else if (i == 50 && which == 4)
+                msgpack_pack_str(&pk, 0);
+            else
+                msgpack_pack_uint32(&pk, i);
+        }
+        if (which == 3) { /* the key twice: msgpack-c's first one counts */
+            pack_key(&pk, "token_ids");
+            msgpack_pack_array(&pk, 0);
+        }
+        if (which == 5) msgpack_pack_nil(&pk); /* a trailing byte */
+        msgpack_unpacked up;
+        msgpack_unpacked_init(&up);
+        struct dp_map m;
+        struct dp_err err = {0};
+        int rc = dp_decode(sb.data, sb.size, &up, &m, &err);
+        if (which == 5) {
+            assert_int_equal(rc, -1);
+            assert_non_null(strstr(err.message, "trailing"));
+        } else {
+            assert_int_equal(rc, 0);
+            assert_int_equal(m.nraw, 0);
+            uint32_t *v = NULL, got = 0;
+            rc = dp_u32_array(&m, "token_ids", 1, &v, &got, &err);
+            if (which == 0 || which == 3) {
+                assert_int_equal(rc, 0);
+                assert_int_equal(got, n);
+                free(v);
+            } else {
+                assert_int_equal(rc, -1);
+                assert_non_null(strstr(err.message, "token_ids'[50]"));
+            }
+        }
+        dp_map_free(&m);
+        msgpack_unpacked_destroy(&up);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    /* A truncated array (the payload ends inside it) is refused. */
+    unsigned char cut[3 + 9 + 3 + 70];
+    size_t k = 0;
+    cut[k++] = 0x81;
+    cut[k++] = 0xa9;
+    memcpy(cut + k, "token_ids", 9);
+    k += 9;
+    cut[k++] = 0xdc;
+    cut[k++] = 0;
+    cut[k++] = 100; /* 100 elements declared, 70 present */
+    memset(cut + k, 1, 70);
+    k += 70;
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    struct dp_map m;
+    struct dp_err err = {0};
+    assert_int_equal(dp_decode(cut, k, &up, &m, &err), -1);
+    assert_string_equal(err.code, DP_BAD_REQUEST);
+    dp_map_free(&m);
+    msgpack_unpacked_destroy(&up);
+}
+
 static int released;
 static void count_release(void *data, void *hint) {
     (void)data;
@@ -163,6 +305,8 @@ int main(void) {
         cmocka_unit_test(test_text_check_accepts_utf8_text_only),
         cmocka_unit_test(test_str_field_rejects_invalid_utf8),
         cmocka_unit_test(test_reply_free_releases_its_frames),
+        cmocka_unit_test(test_large_integer_arrays_are_read_in_place),
+        cmocka_unit_test(test_unusual_arrays_are_decoded_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

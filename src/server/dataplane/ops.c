@@ -396,15 +396,28 @@ static struct kv_context *get_context(struct op_ctx *o) {
 static int parse_blocks(struct op_ctx *o, const struct kv_context *c,
                         const struct engine_prompt *cr, uint32_t **blocks) {
     uint32_t n = 0;
-    const msgpack_object *a;
-    if (dp_array(o->m, "block_ids", 1, &a, &n, o->err) < 0) return -1;
+    const msgpack_object *a = NULL;
+    const struct dp_rawarr *raw = dp_raw(o->m, "block_ids");
+    if (raw)
+        n = raw->n;
+    else if (dp_array(o->m, "block_ids", 1, &a, &n, o->err) < 0)
+        return -1;
     *blocks = malloc((n ? n : 1) * sizeof(**blocks));
     if (!*blocks) {
         dp_fail(o->err, DP_INTERNAL, "out of memory");
         return -1;
     }
+    if (raw) { /* read in place: integers in [0, 2^32) */
+        dp_raw_u32(raw, *blocks);
+        for (uint32_t i = 0; i < n; i++)
+            if ((*blocks)[i] >= c->layout.num_blocks) {
+                dp_fail(o->err, DP_INVALID_BLOCKS, "block id %u out of range (num_blocks %u)",
+                        (*blocks)[i], c->layout.num_blocks);
+                return -1;
+            }
+    }
     /* A non-integer is a malformed request; an integer outside the cache is a bad block. */
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; !raw && i < n; i++) {
         if (a[i].type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
             dp_fail(o->err, DP_INVALID_BLOCKS, "block id %lld is out of range",
                     (long long)a[i].via.i64);
@@ -1078,7 +1091,7 @@ static int handle(struct engine *e, const struct dp_peer *peer, const char *op, 
     } else {
         msgpack_unpacked up;
         msgpack_unpacked_init(&up);
-        struct dp_map m;
+        struct dp_map m = {0};
         int deferred = 0;
         if (nframes && d->fn != op_store_bytes) {
             dp_fail(&err, DP_BAD_REQUEST,
@@ -1092,6 +1105,7 @@ static int handle(struct engine *e, const struct dp_peer *peer, const char *op, 
             deferred = o.deferred;
         }
         msgpack_unpacked_destroy(&up);
+        dp_map_free(&m);
         if (deferred) return 0; /* the handler failed before touching anything */
     }
     const char *labels[] = {d ? d->name : "unknown",

@@ -5,6 +5,7 @@
 #include "base/mpcheck.h"
 #include "base/utf8.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -23,10 +24,198 @@ int dp_msgpack_check(const void *buf, size_t len, uint64_t max_elements) {
     return mpcheck_document(buf, len, max_elements, &used);
 }
 
+/* ---- large integer arrays read in place ---- */
+
+static const char *const RAW_FIELDS[] = {"token_ids", "block_ids"};
+
+/* Bytes of a plain unsigned element by its first byte (positive fixint, uint8, uint16, uint32),
+ * 0 for any other form; and how far its 4 bytes after the first are shifted right. */
+static uint8_t elem_width[256], elem_shift[256];
+
+static void elem_tables_init(void) {
+    for (unsigned b = 0; b <= 0x7f; b++) elem_width[b] = 1;
+    elem_width[0xcc] = 2;
+    elem_shift[0xcc] = 24;
+    elem_width[0xcd] = 3;
+    elem_shift[0xcd] = 16;
+    elem_width[0xce] = 5;
+}
+
+static pthread_once_t elem_once = PTHREAD_ONCE_INIT;
+
+/* Length of a str header at p (fixstr, str8/16/32) and of its body; -1 when not a str. */
+static int str_head(const unsigned char *p, size_t avail, size_t *head, size_t *body) {
+    if (avail < 1) return -1;
+    unsigned b = p[0];
+    int n = b >= 0xa0 && b <= 0xbf ? 0 : b == 0xd9 ? 1 : b == 0xda ? 2 : b == 0xdb ? 4 : -1;
+    if (n < 0 || avail < 1 + (size_t)n) return -1;
+    *head = 1 + (size_t)n;
+    *body = n == 0 ? (b & 0x1f) : (size_t)mpcheck_be(p + 1, n);
+    return *body <= avail - *head ? 0 : -1;
+}
+
+/* An array of at least DP_RAW_MIN non-negative integers below 2^32, each positive fixint, uint8,
+ * uint16 or uint32: its element count, first element and end; 0 when it is one, else -1. */
+static int plain_u32_array(const unsigned char *p, size_t avail, uint32_t *n,
+                           const unsigned char **first, size_t *used) {
+    if (avail < 1) return -1;
+    unsigned b = p[0];
+    size_t pos;
+    uint64_t cnt;
+    if (b >= 0x90 && b <= 0x9f) {
+        cnt = b & 0x0f;
+        pos = 1;
+    } else if ((b == 0xdc && avail >= 3) || (b == 0xdd && avail >= 5)) {
+        int w = b == 0xdc ? 2 : 4;
+        cnt = mpcheck_be(p + 1, w);
+        pos = 1 + (size_t)w;
+    } else {
+        return -1;
+    }
+    if (cnt < DP_RAW_MIN || cnt > avail - pos) return -1; /* each element takes a byte at least */
+    *first = p + pos;
+    /* While 5 bytes remain no element can run past the end; the last few are checked one by
+     * one. A zero width (another form) stops the walk. */
+    uint64_t i = 0;
+    while (i < cnt && avail - pos >= 5) {
+        unsigned w = elem_width[p[pos]];
+        if (w == 0) return -1;
+        pos += w;
+        i++;
+    }
+    for (; i < cnt; i++) {
+        if (pos >= avail) return -1;
+        unsigned w = elem_width[p[pos]];
+        if (w == 0 || w > avail - pos) return -1;
+        pos += w;
+    }
+    *n = (uint32_t)cnt;
+    *used = pos;
+    return 0;
+}
+
+/* Splits a payload map into the raw-read fields and the rest (copied into m->rest, a map32 of
+ * the other pairs, which msgpack-c then decodes). 1 when split, 0 when the payload is to be
+ * decoded whole (no such field, or anything unusual: the whole decode reports it). */
+static int split_raw(const unsigned char *p, size_t len, struct dp_map *m) {
+    pthread_once(&elem_once, elem_tables_init);
+    size_t pos;
+    uint64_t pairs;
+    unsigned b = p[0];
+    if (b >= 0x80 && b <= 0x8f) {
+        pairs = b & 0x0f;
+        pos = 1;
+    } else if ((b == 0xde && len >= 3) || (b == 0xdf && len >= 5)) {
+        int w = b == 0xde ? 2 : 4;
+        pairs = mpcheck_be(p + 1, w);
+        pos = 1 + (size_t)w;
+    } else {
+        return 0;
+    }
+    if (pairs > 64) return 0; /* no operation has that many fields */
+    size_t start[64], end[64];
+    int raw_of[64], seen[sizeof(RAW_FIELDS) / sizeof(RAW_FIELDS[0])] = {0};
+    uint64_t elements = 1;
+    for (uint64_t i = 0; i < pairs; i++) {
+        size_t head, body, used;
+        start[i] = pos;
+        raw_of[i] = -1;
+        if (str_head(p + pos, len - pos, &head, &body) < 0) return 0;
+        const char *key = (const char *)p + pos + head;
+        pos += head + body;
+        for (size_t f = 0; f < sizeof(RAW_FIELDS) / sizeof(RAW_FIELDS[0]); f++) {
+            if (strlen(RAW_FIELDS[f]) != body || memcmp(key, RAW_FIELDS[f], body)) continue;
+            uint32_t n;
+            const unsigned char *first;
+            if (seen[f]++) return 0; /* twice: decoded whole, as msgpack-c sees it */
+            if (plain_u32_array(p + pos, len - pos, &n, &first, &used) < 0) break;
+            struct dp_rawarr *r = &m->raw[m->nraw];
+            r->name = RAW_FIELDS[f];
+            r->p = first;
+            r->end = p + pos + used;
+            r->n = n;
+            memset(&r->stub, 0, sizeof(r->stub));
+            r->stub.type = MSGPACK_OBJECT_ARRAY;
+            r->stub.via.array.size = n;
+            raw_of[i] = (int)m->nraw++;
+            elements += 2 + (uint64_t)n;
+            break;
+        }
+        if (raw_of[i] < 0) {
+            if (mpcheck_document(p + pos, len - pos, DP_MAX_ELEMENTS, &used) < 0) return 0;
+            elements += 2;
+        }
+        pos += used;
+        end[i] = pos;
+    }
+    if (pos != len || m->nraw == 0 || elements > DP_MAX_ELEMENTS) return 0;
+    size_t rest = 5;
+    for (uint64_t i = 0; i < pairs; i++)
+        if (raw_of[i] < 0) rest += end[i] - start[i];
+    unsigned char *q = malloc(rest);
+    if (!q) return 0;
+    uint32_t kept = (uint32_t)pairs - m->nraw;
+    q[0] = 0xdf;
+    q[1] = (unsigned char)(kept >> 24);
+    q[2] = (unsigned char)(kept >> 16);
+    q[3] = (unsigned char)(kept >> 8);
+    q[4] = (unsigned char)kept;
+    size_t at = 5;
+    for (uint64_t i = 0; i < pairs; i++) {
+        if (raw_of[i] >= 0) continue;
+        memcpy(q + at, p + start[i], end[i] - start[i]);
+        at += end[i] - start[i];
+    }
+    m->rest = q;
+    m->rest_len = rest;
+    return 1;
+}
+
+void dp_raw_u32(const struct dp_rawarr *r, uint32_t *out) {
+    const unsigned char *p = r->p;
+    uint32_t i = 0;
+    /* Without branches on the form (token ids mix uint16 and uint32 at random): read the 4 bytes
+     * after the first and shift; a fixint is its first byte. Safe while 5 bytes remain. */
+    for (; i < r->n && r->end - p >= 5; i++) {
+        unsigned e = *p;
+        uint32_t x = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
+        x >>= elem_shift[e];
+        out[i] = elem_width[e] == 1 ? e : x;
+        p += elem_width[e];
+    }
+    for (; i < r->n; i++) {
+        unsigned e = *p, w = elem_width[e];
+        uint32_t x = 0;
+        for (unsigned k = 1; k < w; k++) x = x << 8 | p[k];
+        out[i] = w == 1 ? e : x;
+        p += w;
+    }
+}
+
+const struct dp_rawarr *dp_raw(const struct dp_map *m, const char *name) {
+    for (unsigned k = 0; k < m->nraw; k++)
+        if (!strcmp(m->raw[k].name, name)) return &m->raw[k];
+    return NULL;
+}
+
+void dp_map_free(struct dp_map *m) {
+    free(m->rest);
+    m->rest = NULL;
+    m->rest_len = 0;
+    m->nraw = 0;
+    m->obj = NULL;
+}
+
 int dp_decode(const void *buf, size_t len, msgpack_unpacked *up, struct dp_map *out,
               struct dp_err *err) {
-    out->obj = NULL;
+    memset(out, 0, sizeof(*out));
     if (len == 0) return 0;
+    if (split_raw(buf, len, out)) {
+        buf = out->rest;
+        len = out->rest_len;
+    } else {
+        out->nraw = 0;
+    }
     if (dp_msgpack_check(buf, len, DP_MAX_ELEMENTS) < 0) {
         dp_fail(err, DP_BAD_REQUEST, "payload is not valid msgpack (or has over %u elements)",
                 DP_MAX_ELEMENTS);
@@ -52,6 +241,8 @@ int dp_decode(const void *buf, size_t len, msgpack_unpacked *up, struct dp_map *
 }
 
 const msgpack_object *dp_get(const struct dp_map *m, const char *name) {
+    const struct dp_rawarr *r = dp_raw(m, name);
+    if (r) return &r->stub;
     if (!m->obj) return NULL;
     size_t n = strlen(name);
     const msgpack_object_map *map = &m->obj->via.map;
@@ -169,6 +360,10 @@ int dp_array(const struct dp_map *m, const char *name, int required, const msgpa
         dp_fail(err, DP_BAD_REQUEST, "field '%s' must be an array", name);
         return -1;
     }
+    if (dp_raw(m, name)) { /* no element objects: callers read such fields with dp_raw */
+        dp_fail(err, DP_INTERNAL, "field '%s' was read in place", name);
+        return -1;
+    }
     *arr = v->via.array.ptr;
     *n = v->via.array.size;
     return 0;
@@ -176,6 +371,18 @@ int dp_array(const struct dp_map *m, const char *name, int required, const msgpa
 
 int dp_u32_array(const struct dp_map *m, const char *name, int required, uint32_t **out,
                  uint32_t *n, struct dp_err *err) {
+    const struct dp_rawarr *r = dp_raw(m, name);
+    if (r) {
+        uint32_t *v = malloc((size_t)r->n * sizeof(*v));
+        if (!v) {
+            dp_fail(err, DP_INTERNAL, "out of memory");
+            return -1;
+        }
+        dp_raw_u32(r, v);
+        *out = v;
+        *n = r->n;
+        return 0;
+    }
     const msgpack_object *a;
     uint32_t cnt;
     int rc = dp_array(m, name, required, &a, &cnt, err);
