@@ -54,24 +54,31 @@ static int str_head(const unsigned char *p, size_t avail, size_t *head, size_t *
     return *body <= avail - *head ? 0 : -1;
 }
 
+/* A container header: fix (0x80 fixmap or 0x90 fixarray, 16 entries), then the 16- and 32-bit
+ * forms b16 and b16 + 1. Its entry count and header length; -1 when p holds another form. */
+static int container_head(const unsigned char *p, size_t avail, unsigned fix, unsigned b16,
+                          uint64_t *cnt, size_t *head) {
+    if (avail < 1) return -1;
+    unsigned b = p[0];
+    if (b >= fix && b <= fix + 0x0f) {
+        *cnt = b & 0x0f;
+        *head = 1;
+        return 0;
+    }
+    int w = b == b16 ? 2 : b == b16 + 1 ? 4 : 0;
+    if (w == 0 || avail < 1 + (size_t)w) return -1;
+    *cnt = mpcheck_be(p + 1, w);
+    *head = 1 + (size_t)w;
+    return 0;
+}
+
 /* An array of at least DP_RAW_MIN non-negative integers below 2^32, each positive fixint, uint8,
  * uint16 or uint32: its element count, first element and end; 0 when it is one, else -1. */
 static int plain_u32_array(const unsigned char *p, size_t avail, uint32_t *n,
                            const unsigned char **first, size_t *used) {
-    if (avail < 1) return -1;
-    unsigned b = p[0];
     size_t pos;
     uint64_t cnt;
-    if (b >= 0x90 && b <= 0x9f) {
-        cnt = b & 0x0f;
-        pos = 1;
-    } else if ((b == 0xdc && avail >= 3) || (b == 0xdd && avail >= 5)) {
-        int w = b == 0xdc ? 2 : 4;
-        cnt = mpcheck_be(p + 1, w);
-        pos = 1 + (size_t)w;
-    } else {
-        return -1;
-    }
+    if (container_head(p, avail, 0x90, 0xdc, &cnt, &pos) < 0) return -1;
     if (cnt < DP_RAW_MIN || cnt > avail - pos) return -1; /* each element takes a byte at least */
     *first = p + pos;
     /* While 5 bytes remain no element can run past the end; the last few are checked one by
@@ -101,17 +108,7 @@ static int split_raw(const unsigned char *p, size_t len, struct dp_map *m) {
     pthread_once(&elem_once, elem_tables_init);
     size_t pos;
     uint64_t pairs;
-    unsigned b = p[0];
-    if (b >= 0x80 && b <= 0x8f) {
-        pairs = b & 0x0f;
-        pos = 1;
-    } else if ((b == 0xde && len >= 3) || (b == 0xdf && len >= 5)) {
-        int w = b == 0xde ? 2 : 4;
-        pairs = mpcheck_be(p + 1, w);
-        pos = 1 + (size_t)w;
-    } else {
-        return 0;
-    }
+    if (container_head(p, len, 0x80, 0xde, &pairs, &pos) < 0) return 0;
     if (pairs > 64) return 0; /* no operation has that many fields */
     size_t start[64], end[64];
     int raw_of[64], seen[sizeof(RAW_FIELDS) / sizeof(RAW_FIELDS[0])] = {0};
