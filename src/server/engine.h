@@ -207,6 +207,10 @@ struct engine_source {
     void *arg;
     bool replace;
     uint64_t wait_l2_ns; /* > 0: wait up to this long for the write-through of what is stored */
+    /* With wait_l2_ns: do not wait, hand the wait to the caller (engine_store_result.l2_wait),
+     * and call l2_notify(l2_notify_arg) once every chunk is written or failed. */
+    void (*l2_notify)(void *arg);
+    void *l2_notify_arg;
     /* Optional: fills n chunks at once (idx[j] into dsts[j], idx ascending), e.g. as one copy
      * job; 0, or -1 when chunk idx[*done] could not be read (those before it are filled).
      * Without it, fill is called chunk by chunk. */
@@ -233,7 +237,22 @@ struct engine_store_result {
      * before the call returned (the others failed, were dropped, or were still being written
      * when the wait ran out). */
     int64_t l2_stored;
+    /* With l2_notify: the wait the caller took over (NULL: nothing to wait for, l2_stored is
+     * final). The caller ends it with engine_l2_wait_end, at the latest by its deadline. */
+    struct engine_l2_wait *l2_wait;
 };
+
+/* An asynchronous write-through wait (engine_source.l2_notify). The notify callback runs once,
+ * on the thread that settles the last chunk (the L2 controller, or the caller of engine_store
+ * when none was queued), with the engine's write-through mutex held: it may take only leaf
+ * locks. */
+/* True when every chunk is written or failed. */
+bool engine_l2_wait_settled(struct engine *e, struct engine_l2_wait *w);
+/* When the wait runs out (CLOCK_MONOTONIC ns). */
+uint64_t engine_l2_wait_deadline(const struct engine_l2_wait *w);
+/* Stops waiting and frees w (no notify runs after it returns): the chunks every adapter stored
+ * by now. */
+int64_t engine_l2_wait_end(struct engine *e, struct engine_l2_wait *w);
 
 /* Stores the chunks of p for one rank into L1 and queues what was admitted for write-through
  * to every L2 adapter. A chunk another request is writing is waited for (at most

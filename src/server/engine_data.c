@@ -39,9 +39,13 @@ static void release_locks(const struct l1_key *key, uint32_t locks, void *arg) {
 /* A store waiting for the write-through of the chunks it stored (engine_store, wait_l2_ns). */
 struct engine_l2_wait {
     struct engine_l2_wait *next;
-    const struct l1_key *keys;
-    uint8_t *state; /* per key: 0 in flight, 1 stored by every adapter, 2 failed or dropped */
+    struct l1_key *keys; /* owned by an asynchronous wait, else the caller's */
+    uint8_t *state;      /* per key: 0 in flight, 1 stored by every adapter, 2 failed or dropped */
     size_t n, left;
+    uint64_t deadline_ns;
+    void (*notify)(void *arg); /* an asynchronous wait: called when left reaches 0 */
+    void *notify_arg;
+    bool notified;
 };
 
 static bool l1_key_same(const struct l1_key *a, const struct l1_key *b) {
@@ -61,54 +65,118 @@ void engine_l2_store_done(void *arg, const struct l1_key *key, int ok) {
         for (size_t i = 0; i < w->n; i++)
             if (!w->state[i] && l1_key_same(&w->keys[i], key)) {
                 w->state[i] = ok ? 1 : 2;
-                if (--w->left == 0) wake = true;
+                if (--w->left == 0) {
+                    if (!w->notify)
+                        wake = true;
+                    else if (!w->notified) {
+                        w->notified = true;
+                        w->notify(w->notify_arg);
+                    }
+                }
                 break;
             }
     if (wake) pthread_cond_broadcast(&e->l2w_cv);
     pthread_mutex_unlock(&e->l2w_mu);
 }
 
+static void l2w_unlink(struct engine *e, struct engine_l2_wait *w) {
+    for (struct engine_l2_wait **pp = &e->l2w_head; *pp; pp = &(*pp)->next)
+        if (*pp == w) {
+            *pp = w->next;
+            break;
+        }
+}
+
+static int64_t l2w_stored(const struct engine_l2_wait *w) {
+    int64_t stored = 0;
+    for (size_t i = 0; i < w->n; i++) stored += w->state[i] == 1;
+    return stored;
+}
+
 /* Queues keys[0..n) for write-through and, with wait_ns, waits until every one of them is
  * stored in every adapter, failed, or wait_ns passed. Returns the number stored everywhere
- * (0 without wait_ns). */
+ * (0 without wait_ns). With src->l2_notify the wait is handed to the caller instead (*async). */
 static int64_t l2_store_and_wait(struct engine *e, const struct keys_object_key *okeys,
-                                 const struct l1_key *keys, size_t n, uint64_t wait_ns) {
-    struct engine_l2_wait w = {0};
-    if (wait_ns) {
-        w.state = calloc(n, 1);
-        if (w.state) {
-            w.keys = keys;
-            w.n = w.left = n;
-            pthread_mutex_lock(&e->l2w_mu);
-            w.next = e->l2w_head;
-            e->l2w_head = &w;
-            pthread_mutex_unlock(&e->l2w_mu);
+                                 const struct l1_key *keys, size_t n, uint64_t wait_ns,
+                                 const struct engine_source *src, struct engine_l2_wait **async) {
+    struct engine_l2_wait *w = NULL, local = {0};
+    if (wait_ns && src->l2_notify) {
+        w = calloc(1, sizeof(*w));
+        if (w) {
+            w->state = calloc(n, 1);
+            w->keys = malloc(n * sizeof(*keys));
+            if (!w->state || !w->keys) {
+                free(w->state);
+                free(w->keys);
+                free(w);
+                w = NULL;
+            } else {
+                memcpy(w->keys, keys, n * sizeof(*keys));
+                w->notify = src->l2_notify;
+                w->notify_arg = src->l2_notify_arg;
+            }
         }
+    } else if (wait_ns) {
+        local.state = calloc(n, 1);
+        local.keys = (struct l1_key *)keys;
+        if (local.state) w = &local;
+    }
+    if (w) {
+        w->n = w->left = n;
+        w->deadline_ns = clock_mono_ns() + wait_ns;
+        pthread_mutex_lock(&e->l2w_mu);
+        w->next = e->l2w_head;
+        e->l2w_head = w;
+        pthread_mutex_unlock(&e->l2w_mu);
     }
     size_t took = l2ctl_store(e->l2ctl, okeys, keys, n);
-    if (!w.state) return 0;
+    if (!w) return 0;
+    pthread_mutex_lock(&e->l2w_mu);
+    for (size_t i = took; i < n; i++) /* refused by a full queue: they will never be written */
+        if (!w->state[i]) {
+            w->state[i] = 2;
+            w->left--;
+        }
+    if (w != &local) { /* the caller waits: told when the last one settles */
+        if (w->left == 0 && !w->notified) {
+            w->notified = true;
+            w->notify(w->notify_arg);
+        }
+        pthread_mutex_unlock(&e->l2w_mu);
+        *async = w;
+        return 0;
+    }
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     uint64_t ns = (uint64_t)until.tv_nsec + wait_ns;
     until.tv_sec += (time_t)(ns / 1000000000u);
     until.tv_nsec = (long)(ns % 1000000000u);
-    int64_t stored = 0;
-    pthread_mutex_lock(&e->l2w_mu);
-    for (size_t i = took; i < n; i++) /* refused by a full queue: they will never be written */
-        if (!w.state[i]) {
-            w.state[i] = 2;
-            w.left--;
-        }
-    while (w.left && pthread_cond_timedwait(&e->l2w_cv, &e->l2w_mu, &until) == 0) {
+    while (w->left && pthread_cond_timedwait(&e->l2w_cv, &e->l2w_mu, &until) == 0) {
     }
-    for (struct engine_l2_wait **pp = &e->l2w_head; *pp; pp = &(*pp)->next)
-        if (*pp == &w) {
-            *pp = w.next;
-            break;
-        }
+    l2w_unlink(e, w);
     pthread_mutex_unlock(&e->l2w_mu);
-    for (size_t i = 0; i < n; i++) stored += w.state[i] == 1;
-    free(w.state);
+    int64_t stored = l2w_stored(w);
+    free(w->state);
+    return stored;
+}
+
+bool engine_l2_wait_settled(struct engine *e, struct engine_l2_wait *w) {
+    pthread_mutex_lock(&e->l2w_mu);
+    bool done = w->left == 0;
+    pthread_mutex_unlock(&e->l2w_mu);
+    return done;
+}
+
+uint64_t engine_l2_wait_deadline(const struct engine_l2_wait *w) { return w->deadline_ns; }
+
+int64_t engine_l2_wait_end(struct engine *e, struct engine_l2_wait *w) {
+    pthread_mutex_lock(&e->l2w_mu);
+    l2w_unlink(e, w);
+    pthread_mutex_unlock(&e->l2w_mu);
+    int64_t stored = l2w_stored(w);
+    free(w->state);
+    free(w->keys);
+    free(w);
     return stored;
 }
 
@@ -332,7 +400,8 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
         }
     }
     if (b->nwt)
-        res->l2_stored = l2_store_and_wait(e, b->wt_keys, b->wt_l1keys, b->nwt, src->wait_l2_ns);
+        res->l2_stored = l2_store_and_wait(e, b->wt_keys, b->wt_l1keys, b->nwt, src->wait_l2_ns,
+                                           src, &res->l2_wait);
     free(b->wt_keys);
     free(b->wt_l1keys);
     free(b);

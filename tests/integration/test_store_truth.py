@@ -226,3 +226,48 @@ def test_python_client_reports_pending_l2_and_registration(make_server, tmp_path
         r = c.store_bytes("m", [b"c" * 300], token_ids=prompt(9, 1))
         assert r.l2_stored_chunks is None and r.pending_chunks == 0
         assert c.ping(5).registered is False
+
+
+def test_a_store_waiting_for_its_write_through_holds_up_no_other_client(make_server):
+    """One worker (the default). Client A stores with wait_l2 into an L2 tier that never answers
+    (a TCP listener that accepts and says nothing; the S3 request times out after 10 s), then
+    pipelines a noop. A's store reply waits for the write-through, but the worker serves client
+    B meanwhile (before, every client of the worker waited up to 30 s behind A); A's replies come
+    after that, in the order sent, with l2_stored_chunks 0."""
+    import json
+    import socket
+
+    import msgpack
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    cfg = {"type": "s3", "endpoint": f"http://127.0.0.1:{hole.getsockname()[1]}",
+           "bucket": "b", "region": "us-east-1", "access_key_id": "a",
+           "secret_access_key": "s", "request_timeout_ms": 10000}
+    s = make_server(args=["--chunk-size", str(CHUNK), "--l2-adapter", json.dumps(cfg)])
+    a, b = DPClient(s.zmq_port), DPClient(s.zmq_port)
+    try:
+        toks = prompt(31, 1)
+        a.sock.send_multipart([b"1", b"store_bytes", msgpack.packb(
+            {"model_name": "m", "token_ids": toks, "chunks": [b"a" * 4096], "wait_l2": True})])
+        a.sock.send_multipart([b"2", b"noop", msgpack.packb({})])
+        # B's requests go to the same worker (there is one) and are answered now.
+        r = b.call("store_bytes", model_name="m", token_ids=prompt(32, 1), chunks=[b"b" * 4096])
+        assert r["stored_chunks"] == 1
+        assert b.call("get_chunk_size")["chunk_size"] == CHUNK
+        assert b.call("lookup", request_id="x", model_name="m", token_ids=toks,
+                      reply_status=True)["hit_chunks"] == 1  # A's chunk is in L1 already
+        assert a.sock.poll(0) == 0, "A's reply came before its write-through settled"
+        rid, op, body = a.sock.recv_multipart()  # within RCVTIMEO (30 s)
+        r = msgpack.unpackb(body)
+        assert (rid, op) == (b"1", b"store_bytes") and r["ok"], r
+        assert r["stored_chunks"] == 1 and r["l2_stored_chunks"] == 0, r
+        rid, op, body = a.sock.recv_multipart()
+        assert (rid, op) == (b"2", b"noop")
+        body = s.get("/metrics").text
+        assert 'lmcache_mp_dataplane_requests_total{operation="store_bytes",result="ok"} 2.0' in \
+            body, [line for line in body.splitlines() if "requests_total" in line]
+    finally:
+        a.close()
+        b.close()
+        hole.close()

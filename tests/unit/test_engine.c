@@ -90,7 +90,7 @@ static int src_fill(void *arg, uint32_t i, void *dst) {
 static int store(const struct prompt *pr, const char *model, uint32_t ws, uint32_t rank,
                  struct src *s, struct engine_store_result *res) {
     char err[256];
-    struct engine_source es = {src_size, src_fill, s, false, 0, NULL};
+    struct engine_source es = {.size = src_size, .fill = src_fill, .arg = s};
     return engine_store(&eng, &pr->p, model, ws, rank, &es, clock_mono_ns(), res, err, sizeof(err));
 }
 
@@ -185,7 +185,8 @@ static int many_fill_many(void *arg, const uint32_t *idx, void *const *dsts, uin
 
 static int store_many(const struct prompt *pr, struct many_src *m, struct engine_store_result *res,
                       char *err, size_t errlen) {
-    struct engine_source es = {many_size, many_fill, m, false, 0, many_fill_many};
+    struct engine_source es = {
+        .size = many_size, .fill = many_fill, .arg = m, .fill_many = many_fill_many};
     return engine_store(&eng, &pr->p, "m", 1, 0, &es, clock_mono_ns(), res, err, errlen);
 }
 

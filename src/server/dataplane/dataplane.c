@@ -82,12 +82,30 @@ struct dp_out {
     struct dp_out *next;
 };
 
+/* A request whose reply waits for its write-through (wait_l2) while the worker serves other
+ * clients; the client's later requests wait in the queue behind it, so its replies keep their
+ * order. */
+struct dp_parked {
+    struct worker *w;
+    struct dp_req *req;
+    struct dp_reply reply; /* filled so far; finished by dataplane_finish_parked */
+    struct dp_park park;
+    int settled; /* every chunk written or failed (under the worker's lock) */
+    struct dp_parked *next;
+};
+
+/* Parked requests one worker keeps at most; a store with wait_l2 beyond them waits on the
+ * worker, as every store did before. */
+#define DP_MAX_PARKED 256u
+
 struct worker {
     struct dataplane *dp;
     pthread_t tid;
     pthread_mutex_t lock;
-    pthread_cond_t cond;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC */
     struct dp_req *head, *tail;
+    struct dp_parked *parked; /* under lock */
+    unsigned nparked;
     int stop;
     _Atomic size_t charged; /* bytes of held requests and unsent replies (backpressure) */
     /* Requests dispatched to it and not yet answered (queued or running). Raised by the loop,
@@ -266,27 +284,120 @@ static void peer_of(struct dataplane *dp, struct dp_req *req, struct dp_peer *p)
     EVP_MD_CTX_free(h);
 }
 
-/* Runs a request and queues its reply. */
-static void run(struct dataplane *dp, struct dp_req *req) {
+/* A reply body (msgpack's buffer, handed over) and its frames, queued. */
+static void reply_done(struct dataplane *dp, struct dp_req *req, struct dp_reply *r) {
+    size_t len = r->buf.size;
+    char *body = msgpack_sbuffer_release(&r->buf);
+    struct dp_frame *fr = r->frames;
+    uint32_t nfr = r->nframes;
+    r->frames = NULL;
+    r->nframes = 0;
+    dp_reply_free(r);
+    queue_reply(dp, req, body, len, fr, nfr);
+}
+
+/* The write-through of a parked request settled (engine's notify, on the L2 controller). */
+static void parked_settled(void *arg) {
+    struct dp_parked *p = arg;
+    pthread_mutex_lock(&p->w->lock);
+    p->settled = 1;
+    pthread_cond_signal(&p->w->cond);
+    pthread_mutex_unlock(&p->w->lock);
+}
+
+static int may_park(struct worker *w, struct dp_req *req) {
+    size_t n = zmq_msg_size(&req->op);
+    const char *op = zmq_msg_data(&req->op);
+    if (!((n == 5 && !memcmp(op, "store", 5)) || (n == 11 && !memcmp(op, "store_bytes", 11))))
+        return 0;
+    pthread_mutex_lock(&w->lock);
+    int room = w->nparked < DP_MAX_PARKED && !w->stop;
+    pthread_mutex_unlock(&w->lock);
+    return room;
+}
+
+/* Runs a request and queues its reply, or parks it (a store waiting for its write-through). */
+static void run(struct dataplane *dp, struct worker *w, struct dp_req *req) {
     if (req->answer) {
         queue_reply(dp, req, req->answer, req->answer_len, NULL, 0);
         return;
     }
-    struct dp_reply r;
     struct dp_peer peer;
-    dp_reply_init(&r);
     peer_of(dp, req, &peer);
-    dataplane_handle_peer(dp->e, &peer, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
-                          zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), req->blobs,
-                          req->nextra, &r);
-    size_t len = r.buf.size;
-    char *body = msgpack_sbuffer_release(&r.buf);
-    struct dp_frame *fr = r.frames;
-    uint32_t nfr = r.nframes;
-    r.frames = NULL;
-    r.nframes = 0;
-    dp_reply_free(&r);
-    queue_reply(dp, req, body, len, fr, nfr);
+    struct dp_parked *pk = w && may_park(w, req) ? calloc(1, sizeof(*pk)) : NULL;
+    struct dp_reply stack, *r = pk ? &pk->reply : &stack;
+    dp_reply_init(r);
+    const void *op = zmq_msg_data(&req->op), *pl = zmq_msg_data(&req->payload);
+    size_t oplen = zmq_msg_size(&req->op), len = zmq_msg_size(&req->payload);
+    if (!pk) {
+        dataplane_handle_peer(dp->e, &peer, op, oplen, pl, len, req->blobs, req->nextra, r);
+        reply_done(dp, req, r);
+        return;
+    }
+    pk->w = w;
+    pk->park.notify = parked_settled;
+    pk->park.notify_arg = pk;
+    if (dataplane_handle_parkable(dp->e, &peer, op, oplen, pl, len, req->blobs, req->nextra,
+                                  &pk->park, r) == 1) {
+        reply_done(dp, req, r);
+        free(pk);
+        return;
+    }
+    /* The request's payload is no longer needed (the chunks are in L1): only its ids. */
+    pk->req = req;
+    pthread_mutex_lock(&w->lock);
+    pk->next = w->parked;
+    w->parked = pk;
+    w->nparked++;
+    pthread_mutex_unlock(&w->lock);
+}
+
+static void finish_parked(struct dataplane *dp, struct dp_parked *pk) {
+    dataplane_finish_parked(dp->e, &pk->park, &pk->reply);
+    reply_done(dp, pk->req, &pk->reply);
+    free(pk);
+}
+
+static int same_client(const struct dp_req *a, const struct dp_req *b) {
+    return a->sock == b->sock && zmq_msg_size(&a->id) == zmq_msg_size(&b->id) &&
+           !memcmp(zmq_msg_data((zmq_msg_t *)&a->id), zmq_msg_data((zmq_msg_t *)&b->id),
+                   zmq_msg_size(&a->id));
+}
+
+/* Under w->lock: the first queued request whose client has no parked request. */
+static struct dp_req *take_runnable(struct worker *w) {
+    struct dp_req *prev = NULL;
+    for (struct dp_req *r = w->head; r; prev = r, r = r->next) {
+        int blocked = 0;
+        for (struct dp_parked *p = w->parked; p && !blocked; p = p->next)
+            blocked = same_client(p->req, r);
+        if (blocked) continue;
+        if (prev)
+            prev->next = r->next;
+        else
+            w->head = r->next;
+        if (w->tail == r) w->tail = prev;
+        r->next = NULL;
+        return r;
+    }
+    return NULL;
+}
+
+/* Under w->lock: a parked request whose write-through settled or whose wait ran out (any, once
+ * stopping); else NULL with *next the earliest deadline. */
+static struct dp_parked *take_settled(struct worker *w, uint64_t now, uint64_t *next) {
+    *next = UINT64_MAX;
+    for (struct dp_parked **pp = &w->parked; *pp; pp = &(*pp)->next) {
+        struct dp_parked *p = *pp;
+        uint64_t dl = engine_l2_wait_deadline(p->park.wait);
+        if (p->settled || w->stop || now >= dl) {
+            *pp = p->next;
+            w->nparked--;
+            return p;
+        }
+        if (dl < *next) *next = dl;
+    }
+    return NULL;
 }
 
 static void *worker_main(void *arg) {
@@ -295,20 +406,27 @@ static void *worker_main(void *arg) {
     snprintf(name, sizeof(name), "dp-worker-%d", (int)(w - w->dp->workers));
     pthread_setname_np(pthread_self(), name);
     for (;;) {
+        struct dp_parked *pk = NULL;
+        struct dp_req *req = NULL;
         pthread_mutex_lock(&w->lock);
-        while (!w->head && !w->stop) pthread_cond_wait(&w->cond, &w->lock);
-        struct dp_req *req = w->head;
-        if (req) {
-            w->head = req->next;
-            if (!w->head) w->tail = NULL;
+        for (;;) {
+            uint64_t next;
+            if ((pk = take_settled(w, clock_mono_ns(), &next)) || (req = take_runnable(w))) break;
+            if (w->stop && !w->head && !w->parked) break;
+            if (next == UINT64_MAX) {
+                pthread_cond_wait(&w->cond, &w->lock);
+            } else {
+                struct timespec ts = {(time_t)(next / 1000000000u), (long)(next % 1000000000u)};
+                pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+            }
         }
-        int stop = w->stop;
         pthread_mutex_unlock(&w->lock);
-        if (!req) {
-            if (stop) break;
-            continue;
-        }
-        run(w->dp, req); /* queue_reply lowers w->held */
+        if (pk)
+            finish_parked(w->dp, pk);
+        else if (req)
+            run(w->dp, w, req); /* queue_reply lowers w->held */
+        else
+            break;
     }
     return NULL;
 }
@@ -762,7 +880,11 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         struct worker *w = &dp->workers[started];
         w->dp = dp;
         pthread_mutex_init(&w->lock, NULL);
-        pthread_cond_init(&w->cond, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&w->cond, &ca);
+        pthread_condattr_destroy(&ca);
         if ((terr = pthread_create(&w->tid, NULL, worker_main, w)) != 0) break;
     }
     if (terr == 0) terr = pthread_create(&dp->loop, NULL, loop_main, dp);

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/dataplane/wire.h"
+
 struct engine;
 struct server_config;
 struct dp_reply;
@@ -56,6 +58,31 @@ struct dp_blob {
 void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const char *op,
                            size_t oplen, const void *payload, size_t len,
                            const struct dp_blob *frames, uint32_t nframes, struct dp_reply *reply);
+
+/* A reply waiting for a write-through (store and store_bytes with wait_l2): the caller hands
+ * over a notify callback, and a request that would wait comes back with `wait` set and its reply
+ * unfinished. notify(notify_arg) runs once, from another thread holding the engine's
+ * write-through mutex (take only leaf locks), when every chunk is written or failed. */
+struct engine_l2_wait;
+struct dp_park {
+    void (*notify)(void *arg);
+    void *notify_arg;
+    struct engine_l2_wait *wait; /* set by the call: the reply waits for it */
+    /* the request's outcome so far, for dataplane_finish_parked */
+    int ok;
+    struct dp_err err;
+    const char *op;
+    uint64_t t0;
+};
+/* dataplane_handle_peer that may park: 1 with the reply complete, or 2 with park->wait set; then
+ * the caller calls dataplane_finish_parked once notify ran or the wait's deadline
+ * (engine_l2_wait_deadline) passed, whichever comes first. */
+int dataplane_handle_parkable(struct engine *e, const struct dp_peer *peer, const char *op,
+                              size_t oplen, const void *payload, size_t len,
+                              const struct dp_blob *frames, uint32_t nframes, struct dp_park *park,
+                              struct dp_reply *reply);
+/* Ends the wait (l2_stored_chunks: what was written by now) and completes the reply. */
+void dataplane_finish_parked(struct engine *e, struct dp_park *park, struct dp_reply *reply);
 
 /* Largest payload of a request the loop thread may run itself (dataplane_handle_small). */
 #define DP_SMALL_MAX_BYTES 8192u

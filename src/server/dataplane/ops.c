@@ -30,6 +30,7 @@ struct op_ctx {
     int deferred;                 /* set when the request is too big for small_objects */
     const struct dp_blob *frames; /* frames after the payload (store_bytes chunk frames) */
     uint32_t nframes;
+    struct dp_park *park; /* may the reply wait for the write-through without this thread? */
 };
 
 /* The key sessions are bound to: the connection's (all zero for an anonymous peer). */
@@ -527,7 +528,20 @@ static int parse_wait_l2(struct op_ctx *o, struct engine_source *src) {
     int wait = 0;
     if (dp_bool(o->m, "wait_l2", 0, &wait, o->err) < 0) return -1;
     src->wait_l2_ns = wait ? DP_WAIT_L2_NS : 0;
+    if (wait && o->park) { /* the worker goes on with other clients meanwhile (dataplane.c) */
+        src->l2_notify = o->park->notify;
+        src->l2_notify_arg = o->park->notify_arg;
+    }
     return 0;
+}
+
+/* l2_stored_chunks of a store with wait_l2: now, or when the parked reply is finished. */
+static void put_l2_stored(struct op_ctx *o, const struct engine_source *src,
+                          const struct engine_store_result *res) {
+    if (res->l2_wait)
+        o->park->wait = res->l2_wait;
+    else if (src->wait_l2_ns)
+        dp_put_int(o->r, "l2_stored_chunks", res->l2_stored);
 }
 
 static int op_store(struct op_ctx *o) {
@@ -543,7 +557,11 @@ static int op_store(struct op_ctx *o) {
     uint32_t cs = (uint32_t)o->e->cfg->chunk_size, per = cs / c->layout.tokens_per_block;
     uint64_t t0 = clock_mono_ns();
     struct gather_src gs = {o->e->copypool, c, cs, per, blocks};
-    struct engine_source src = {gather_size, gather_fill, &gs, true, 0, gather_fill_many};
+    struct engine_source src = {.size = gather_size,
+                                .fill = gather_fill,
+                                .arg = &gs,
+                                .replace = true,
+                                .fill_many = gather_fill_many};
     if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, c->model_name, c->world_size, c->worker_id, &src, o->now,
@@ -551,7 +569,7 @@ static int op_store(struct op_ctx *o) {
     dp_put_int(o->r, "stored_chunks", res.stored);
     dp_put_int(o->r, "skipped_chunks", res.skipped);
     dp_put_int(o->r, "pending_chunks", res.pending);
-    if (src.wait_l2_ns) dp_put_int(o->r, "l2_stored_chunks", res.l2_stored);
+    put_l2_stored(o, &src, &res);
     observe_throughput(o->e, 1, c->model_name, res.bytes, t0);
     if (erc == ENGINE_ERR_SOURCE) {
         dp_fail(o->err, DP_SHM_ERROR, SHRUNK);
@@ -746,7 +764,8 @@ static int op_store_bytes(struct op_ctx *o) {
     }
     uint64_t t0 = clock_mono_ns();
     struct bin_src bs = {o->e->copypool, chunks};
-    struct engine_source src = {bin_size, bin_fill, &bs, false, 0, bin_fill_many};
+    struct engine_source src = {
+        .size = bin_size, .fill = bin_fill, .arg = &bs, .fill_many = bin_fill_many};
     if (parse_wait_l2(o, &src) < 0) goto out;
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, model, ws, rank, &src, o->now, &res, o->err->message,
@@ -754,7 +773,7 @@ static int op_store_bytes(struct op_ctx *o) {
     dp_put_int(o->r, "stored_chunks", res.stored);
     dp_put_int(o->r, "skipped_chunks", res.skipped);
     dp_put_int(o->r, "pending_chunks", res.pending);
-    if (src.wait_l2_ns) dp_put_int(o->r, "l2_stored_chunks", res.l2_stored);
+    put_l2_stored(o, &src, &res);
     observe_throughput(o->e, 1, model, res.bytes, t0);
     if (erc != ENGINE_OK) {
         engine_fail(o, erc);
@@ -1043,7 +1062,7 @@ static const struct dp_op *find_op(const char *op, size_t oplen) {
 
 static int handle(struct engine *e, const struct dp_peer *peer, const char *op, size_t oplen,
                   const void *payload, size_t len, const struct dp_blob *frames, uint32_t nframes,
-                  uint32_t small_objects, struct dp_reply *reply);
+                  uint32_t small_objects, struct dp_park *park, struct dp_reply *reply);
 
 void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void *payload,
                       size_t len, struct dp_reply *reply) {
@@ -1053,7 +1072,16 @@ void dataplane_handle(struct engine *e, const char *op, size_t oplen, const void
 void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const char *op,
                            size_t oplen, const void *payload, size_t len,
                            const struct dp_blob *frames, uint32_t nframes, struct dp_reply *reply) {
-    (void)handle(e, peer, op, oplen, payload, len, frames, nframes, 0, reply);
+    (void)handle(e, peer, op, oplen, payload, len, frames, nframes, 0, NULL, reply);
+}
+
+int dataplane_handle_parkable(struct engine *e, const struct dp_peer *peer, const char *op,
+                              size_t oplen, const void *payload, size_t len,
+                              const struct dp_blob *frames, uint32_t nframes, struct dp_park *park,
+                              struct dp_reply *reply) {
+    park->wait = NULL;
+    handle(e, peer, op, oplen, payload, len, frames, nframes, 0, park, reply);
+    return park->wait ? 2 : 1;
 }
 
 int dataplane_op_small(const char *op, size_t oplen) {
@@ -1066,14 +1094,27 @@ int dataplane_handle_small(struct engine *e, const struct dp_peer *peer, const c
                            struct dp_reply *reply) {
     const struct dp_op *d = find_op(op, oplen);
     if (!d || !d->small || len > DP_SMALL_MAX_BYTES || max_objects == 0) return 0;
-    return handle(e, peer, op, oplen, payload, len, NULL, 0, max_objects, reply);
+    return handle(e, peer, op, oplen, payload, len, NULL, 0, max_objects, NULL, reply);
+}
+
+/* The request's metrics, and the reply map closed. */
+static void finish(struct engine *e, const char *name, int ok, const struct dp_err *err,
+                   uint64_t t0, struct dp_reply *reply) {
+    const char *labels[] = {name, ok ? "ok" : (err->code ? err->code : DP_INTERNAL)};
+    metrics_add(e->dpm.requests, labels, 1);
+    const char *dl[] = {name};
+    metric_observe(metric_labels(e->dpm.duration, dl), (double)(clock_mono_ns() - t0) / 1e9);
+    if (!ok) log_debug(e->lg_dp, "%s failed: %s: %s", name, err->code, err->message);
+    size_t n;
+    dp_finish(reply, ok, err, &n);
 }
 
 /* Runs one request; 0 (nothing done, the reply untouched) when small_objects is set and the
- * request's range holds more objects, else 1 with the reply complete. */
+ * request's range holds more objects, else 1 with the reply complete (or, with park->wait set,
+ * to be finished by dataplane_finish_parked). */
 static int handle(struct engine *e, const struct dp_peer *peer, const char *op, size_t oplen,
                   const void *payload, size_t len, const struct dp_blob *frames, uint32_t nframes,
-                  uint32_t small_objects, struct dp_reply *reply) {
+                  uint32_t small_objects, struct dp_park *park, struct dp_reply *reply) {
     struct dp_err err = {NULL, ""};
     const struct dp_op *d = find_op(op, oplen);
     uint64_t t0 = clock_mono_ns();
@@ -1099,22 +1140,28 @@ static int handle(struct engine *e, const struct dp_peer *peer, const char *op, 
                     "store_bytes with chunk_frames carries frames after the payload",
                     d->name, 3 + nframes);
         } else if (dp_decode(payload, len, &up, &m, &err) == 0) {
-            struct op_ctx o = {e, &m,     reply,  &err, clock_mono_ns(), peer, small_objects,
-                               0, frames, nframes};
+            struct op_ctx o = {e, &m,     reply,   &err, clock_mono_ns(), peer, small_objects,
+                               0, frames, nframes, park};
             ok = d->fn(&o) == 0;
             deferred = o.deferred;
         }
         msgpack_unpacked_destroy(&up);
         dp_map_free(&m);
-        if (deferred) return 0; /* the handler failed before touching anything */
+        if (deferred) return 0;   /* the handler failed before touching anything */
+        if (park && park->wait) { /* finished by dataplane_finish_parked */
+            park->ok = ok;
+            park->err = err;
+            park->op = d->name;
+            park->t0 = t0;
+            return 1;
+        }
     }
-    const char *labels[] = {d ? d->name : "unknown",
-                            ok ? "ok" : (err.code ? err.code : DP_INTERNAL)};
-    metrics_add(e->dpm.requests, labels, 1);
-    const char *dl[] = {d ? d->name : "unknown"};
-    metric_observe(metric_labels(e->dpm.duration, dl), (double)(clock_mono_ns() - t0) / 1e9);
-    if (!ok) log_debug(e->lg_dp, "%s failed: %s: %s", dl[0], err.code, err.message);
-    size_t n;
-    dp_finish(reply, ok, &err, &n);
+    finish(e, d ? d->name : "unknown", ok, &err, t0, reply);
     return 1;
+}
+
+void dataplane_finish_parked(struct engine *e, struct dp_park *park, struct dp_reply *reply) {
+    dp_put_int(reply, "l2_stored_chunks", engine_l2_wait_end(e, park->wait));
+    park->wait = NULL;
+    finish(e, park->op, park->ok, &park->err, park->t0, reply);
 }
