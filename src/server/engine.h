@@ -246,8 +246,6 @@ struct engine_store_result {
  * on the thread that settles the last chunk (the L2 controller, or the caller of engine_store
  * when none was queued), with the engine's write-through mutex held: it may take only leaf
  * locks. */
-/* True when every chunk is written or failed. */
-bool engine_l2_wait_settled(struct engine *e, struct engine_l2_wait *w);
 /* When the wait runs out (CLOCK_MONOTONIC ns). */
 uint64_t engine_l2_wait_deadline(const struct engine_l2_wait *w);
 /* Stops waiting and frees w (no notify runs after it returns): the chunks every adapter stored

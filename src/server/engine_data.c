@@ -56,7 +56,8 @@ static bool l1_key_same(const struct l1_key *a, const struct l1_key *b) {
 }
 
 /* The controller's store_done: marks the key in every waiting store that queued it. The scan
- * is over waiting stores only (one per worker at most), so idle write-through costs a lock. */
+ * is over waiting stores only (one per worker, plus at most DP_MAX_PARKED parked on each), so
+ * write-through nobody waits for costs a lock. */
 void engine_l2_store_done(void *arg, const struct l1_key *key, int ok) {
     struct engine *e = arg;
     pthread_mutex_lock(&e->l2w_mu);
@@ -158,13 +159,6 @@ static int64_t l2_store_and_wait(struct engine *e, const struct keys_object_key 
     int64_t stored = l2w_stored(w);
     free(w->state);
     return stored;
-}
-
-bool engine_l2_wait_settled(struct engine *e, struct engine_l2_wait *w) {
-    pthread_mutex_lock(&e->l2w_mu);
-    bool done = w->left == 0;
-    pthread_mutex_unlock(&e->l2w_mu);
-    return done;
 }
 
 uint64_t engine_l2_wait_deadline(const struct engine_l2_wait *w) { return w->deadline_ns; }

@@ -96,7 +96,7 @@ struct dp_parked {
 
 /* Parked requests one worker keeps at most; a store with wait_l2 beyond them waits on the
  * worker, as every store did before. */
-#define DP_MAX_PARKED 256u
+#define DP_MAX_PARKED 64u
 
 struct worker {
     struct dataplane *dp;
