@@ -120,6 +120,37 @@ void lmcc_put_bool(struct lmcc_map *m, const char *key, bool val) {
     if ((val ? msgpack_pack_true(&m->pk) : msgpack_pack_false(&m->pk)) != 0) m->failed = 1;
 }
 
+void lmcc_put_u32_array(struct lmcc_map *m, const char *key, const uint32_t *v, size_t n) {
+    lmcc_put_key(m, key);
+    if (m->failed || msgpack_pack_array(&m->pk, n) != 0 || lmcc_map_reserve(m, 5 * n) != 0) {
+        m->failed = 1;
+        return;
+    }
+    /* Written straight into the buffer (a 32k-token prompt is 32k calls of the packer
+     * otherwise), in the forms msgpack_pack_uint32 picks: the smallest that holds the value. */
+    unsigned char *p = (unsigned char *)m->buf.data + m->buf.size, *p0 = p;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = v[i];
+        if (x < 0x80) {
+            *p++ = (unsigned char)x;
+        } else if (x < 0x100) {
+            *p++ = 0xcc;
+            *p++ = (unsigned char)x;
+        } else if (x < 0x10000) {
+            *p++ = 0xcd;
+            *p++ = (unsigned char)(x >> 8);
+            *p++ = (unsigned char)x;
+        } else {
+            *p++ = 0xce;
+            *p++ = (unsigned char)(x >> 24);
+            *p++ = (unsigned char)(x >> 16);
+            *p++ = (unsigned char)(x >> 8);
+            *p++ = (unsigned char)x;
+        }
+    }
+    m->buf.size += (size_t)(p - p0);
+}
+
 void lmcc_put_i64_array(struct lmcc_map *m, const char *key, const int64_t *v, size_t n) {
     lmcc_put_key(m, key);
     if (msgpack_pack_array(&m->pk, n) != 0) m->failed = 1;
@@ -148,10 +179,7 @@ lmc_status lmcc_put_chunks(struct lmcc_map *m, const lmc_chunks *ch, lmc_error *
         return LMC_ERR_INVALID_ARGUMENT;
     }
     if (toks) {
-        lmcc_put_key(m, "token_ids");
-        if (msgpack_pack_array(&m->pk, ch->num_tokens) != 0) m->failed = 1;
-        for (size_t i = 0; i < ch->num_tokens && !m->failed; i++)
-            if (msgpack_pack_uint32(&m->pk, ch->token_ids[i]) != 0) m->failed = 1;
+        lmcc_put_u32_array(m, "token_ids", ch->token_ids, ch->num_tokens);
     } else {
         lmcc_put_key(m, "chunk_hashes");
         if (msgpack_pack_array(&m->pk, ch->num_chunk_hashes) != 0) m->failed = 1;

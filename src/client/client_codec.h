@@ -31,6 +31,8 @@ void lmcc_put_str(struct lmcc_map *m, const char *key, const char *val);
 void lmcc_put_int(struct lmcc_map *m, const char *key, int64_t val);
 void lmcc_put_bool(struct lmcc_map *m, const char *key, bool val);
 void lmcc_put_i64_array(struct lmcc_map *m, const char *key, const int64_t *v, size_t n);
+/* The same for unsigned 32-bit values (token ids), encoded without a packer call each. */
+void lmcc_put_u32_array(struct lmcc_map *m, const char *key, const uint32_t *v, size_t n);
 /* The chunk fields of docs/protocol.md (token_ids or chunk_hashes, start, end, cache_salt).
  * Returns LMC_OK or LMC_ERR_INVALID_ARGUMENT (err filled). */
 lmc_status lmcc_put_chunks(struct lmcc_map *m, const lmc_chunks *ch, lmc_error *err);

@@ -86,6 +86,37 @@ static void test_scalar_fields(void **state) {
     lmcc_map_destroy(&m);
 }
 
+/* token_ids are written without the packer: byte for byte what msgpack_pack_uint32 writes, for
+ * every form (fixint, uint8, uint16, uint32) and across the buffer's growth. */
+static void test_token_ids_encoding_matches_the_packer(void **state) {
+    (void)state;
+    enum { N = 40000 };
+    uint32_t *v = malloc(N * sizeof(*v));
+    assert_non_null(v);
+    const uint32_t edges[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 0xffffffffu, 0x12345678};
+    for (uint32_t i = 0; i < N; i++)
+        v[i] = i < 10 ? edges[i] : (uint32_t)(i * 2654435761u) >> (i % 32);
+    struct lmcc_map m;
+    lmcc_map_init(&m);
+    lmcc_put_u32_array(&m, "token_ids", v, N);
+    assert_int_equal(m.failed, 0);
+    msgpack_sbuffer ref;
+    msgpack_sbuffer_init(&ref);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &ref, msgpack_sbuffer_write);
+    static const char hdr[5] = {(char)0xdf, 0, 0, 0, 0};
+    msgpack_sbuffer_write(&ref, hdr, sizeof(hdr));
+    msgpack_pack_str(&pk, 9);
+    msgpack_pack_str_body(&pk, "token_ids", 9);
+    msgpack_pack_array(&pk, N);
+    for (uint32_t i = 0; i < N; i++) msgpack_pack_uint32(&pk, v[i]);
+    assert_int_equal(m.buf.size, ref.size);
+    assert_memory_equal(m.buf.data, ref.data, ref.size);
+    msgpack_sbuffer_destroy(&ref);
+    lmcc_map_destroy(&m);
+    free(v);
+}
+
 static void test_chunks_tokens(void **state) {
     (void)state;
     uint32_t toks[4] = {1, 2, 0xdeadbeef, 4};
@@ -428,6 +459,7 @@ int main(void) {
         cmocka_unit_test(test_empty_map),
         cmocka_unit_test(test_scalar_fields),
         cmocka_unit_test(test_chunks_tokens),
+        cmocka_unit_test(test_token_ids_encoding_matches_the_packer),
         cmocka_unit_test(test_chunks_defaults_omitted),
         cmocka_unit_test(test_chunks_hashes),
         cmocka_unit_test(test_chunks_invalid),
