@@ -29,8 +29,8 @@ static int first_of(const msgpack_object_map *map, uint32_t i) {
     for (uint32_t j = 0; j < i; j++) {
         const msgpack_object *o = &map->ptr[j].key;
         if (o->type == MSGPACK_OBJECT_STR && o->via.str.size == k->via.str.size &&
-            !memcmp(o->via.str.ptr, k->via.str.ptr, k->via.str.size))
-            return 0;
+            (k->via.str.size == 0 || !memcmp(o->via.str.ptr, k->via.str.ptr, k->via.str.size)))
+            return 0; /* (an empty string's ptr may be NULL) */
     }
     return 1;
 }
@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (k->type != MSGPACK_OBJECT_STR || k->via.str.size > 63 || !first_of(map, i))
                 continue;
             char name[64];
-            memcpy(name, k->via.str.ptr, k->via.str.size);
+            if (k->via.str.size) memcpy(name, k->via.str.ptr, k->via.str.size);
             name[k->via.str.size] = 0;
             if (memchr(name, 0, k->via.str.size)) continue;
             const msgpack_object *g = dp_get(&m, name);

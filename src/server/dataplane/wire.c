@@ -246,7 +246,7 @@ const msgpack_object *dp_get(const struct dp_map *m, const char *name) {
     for (uint32_t i = 0; i < map->size; i++) {
         const msgpack_object *k = &map->ptr[i].key;
         if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
-            memcmp(k->via.str.ptr, name, n) == 0) {
+            (n == 0 || memcmp(k->via.str.ptr, name, n) == 0)) { /* "": ptr may be NULL */
             const msgpack_object *v = &map->ptr[i].val;
             return v->type == MSGPACK_OBJECT_NIL ? NULL : v;
         }
