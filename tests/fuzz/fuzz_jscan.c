@@ -1,7 +1,8 @@
 /* libFuzzer driver for base/jscan (the routing query's body scanner), checked against jansson:
  * a body jansson reads as an object (nesting within the limit, no raw NUL byte, which jansson
  * may take for the end of the text) must be accepted; a body jscan
- * accepts must be one jansson reads, except for numbers too large for jansson's types; and an
+ * accepts must be one jansson reads, except for numbers too large for jansson's types and keys
+ * holding \u0000 (jansson refuses them, JSON does not); and an
  * array jscan_u32_array reads must hold the integers jansson reads. */
 #include <jansson.h>
 #include <stddef.h>
@@ -35,7 +36,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = jscan_object(txt, size, 32, check_member, NULL);
     if (rc != JSCAN_DEPTH) {
         if (g_doc && rc != 0 && !memchr(txt, 0, size)) __builtin_trap();
-        if (!g_doc && rc == 0 && !j && !strstr(je.text, "too big") && !strstr(je.text, "overflow"))
+        /* jansson also refuses a key holding \u0000, which JSON allows (and jscan accepts). */
+        if (!g_doc && rc == 0 && !j && !strstr(je.text, "too big") &&
+            !strstr(je.text, "overflow") && !strstr(je.text, "NUL byte in object key"))
             __builtin_trap();
     }
     json_decref(j);
