@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "base/errbuf.h"
+#include "base/heap.h"
 
 #define DEF_ROW(field, flag, type, group, def, min, max, choices, flags, help)                     \
     {#field,                                                                                       \
@@ -379,4 +380,15 @@ void config_print_markdown(FILE *f) {
         for (const char *h = d->help; *h; h++) fputs(*h == '|' ? "\\|" : (char[]){*h, 0}, f);
         fprintf(f, " |\n");
     }
+}
+
+uint64_t config_max_heap_bytes(const struct server_config *cfg) {
+    if (cfg->max_heap_mb >= 0) return (uint64_t)cfg->max_heap_mb << 20;
+    uint64_t mem = heap_memory_limit();
+    if (!mem) return 0;
+    uint64_t l1 = (uint64_t)(cfg->l1_size_gb * (double)(1ull << 30));
+    uint64_t workers = cfg->max_workers > 0 ? (uint64_t)cfg->max_workers : 1;
+    uint64_t floor = 2 * workers * ((uint64_t)cfg->worker_queue_mb << 20) + (256ull << 20);
+    uint64_t half = mem > l1 ? (mem - l1) / 2 : 0;
+    return half > floor ? half : floor;
 }

@@ -5,6 +5,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 enum opt_type {
@@ -103,6 +104,10 @@ enum opt_type {
       "reading (backpressure)")                                                                    \
     X(zmq_rcvhwm, "zmq-rcvhwm", OPT_INT, "mp", "16", 1, 100000, NULL, 0,                           \
       "Requests libzmq buffers per data-socket client while the server is not reading")            \
+    X(max_heap_mb, "max-heap-mb", OPT_INT, "mp", "-1", -1, 16777216, NULL, 0,                      \
+      "Memory malloc may hold (requests libzmq buffers, worker queues, replies; MiB) before the "  \
+      "data connection holding the most unread bytes is cut; -1: half of what L1 leaves of the "   \
+      "machine's or cgroup's memory; 0: no limit")                                                 \
     X(worker_reap_timeout_seconds, "worker-reap-timeout-seconds", OPT_FLOAT, "mp", "120", 0, 1e9,  \
       NULL, 0, "Drop KV registrations of pinged engines silent this long (0 disables)")            \
     X(worker_registration_grace_seconds, "worker-registration-grace-seconds", OPT_FLOAT, "mp",     \
@@ -243,6 +248,10 @@ void config_redact(json_t *v);
 /* Overwrites, in place, the bytes of every secret-named string value (explicit_bzero) so that
  * freeing v does not leave the secret in freed memory. */
 void config_scrub(json_t *v);
+/* --max-heap-mb in bytes: -1 is half of what L1 leaves of the memory the process may use
+ * (heap_memory_limit), at least twice what the --max-workers queues (--worker-queue-mb) may hold
+ * plus 256 MiB; 0 when there is no limit. */
+uint64_t config_max_heap_bytes(const struct server_config *cfg);
 /* The option table as a Markdown table (docs/configuration.md embeds it). */
 void config_print_markdown(FILE *f);
 

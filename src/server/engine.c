@@ -20,6 +20,7 @@
 
 #include "base/clock.h"
 #include "base/errbuf.h"
+#include "base/heap.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/periodic.h"
@@ -182,6 +183,11 @@ static double g_jobs(void *a) {
     return (double)j;
 }
 
+static double g_heap(void *a) {
+    (void)a;
+    return (double)heap_in_use();
+}
+
 static double g_contexts(void *a) {
     struct engine *e = a;
     pthread_mutex_lock(&e->contexts.lock);
@@ -233,8 +239,17 @@ static void register_dp_metrics(struct engine *e) {
     m->conns_cut = metric_series(metrics_counter(
         r, "lmcache_mp_dataplane_connections_cut_total",
         "Data connections cut because libzmq held more of them unread than --zmq-rcvhwm + 1 "
-        "messages.",
+        "messages, or the most of any while malloc held more than --max-heap-mb.",
         NULL));
+    m->heap_cuts = metric_series(metrics_counter(
+        r, "lmcache_mp_dataplane_heap_cuts_total",
+        "Data connections cut because malloc held more than --max-heap-mb while they held the "
+        "most unread bytes (also counted in lmcache_mp_dataplane_connections_cut_total).",
+        NULL));
+    metrics_gauge_fn(r, "lmcache_mp_heap_bytes",
+                     "Bytes malloc holds: requests libzmq buffers, worker queues, replies, indexes "
+                     "(L1 and registered shared memory are not in it).",
+                     g_heap, e);
     metrics_gauge_fn(r, "lmcache_mp_active_prefetch_jobs", "Lookup jobs not yet reported.", g_jobs,
                      e);
     metrics_gauge_fn(r, "lmcache_mp_active_sessions", "Open lookup sessions.", g_sessions, e);

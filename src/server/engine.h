@@ -39,6 +39,7 @@ struct engine_dp_metrics {
     struct metric *read_pauses;   /* the data socket stopped reading (backpressure) */
     struct metric *loop_requests; /* requests the loop thread ran itself (small, worker idle) */
     struct metric *conns_cut;     /* data connections cut for holding too much in libzmq */
+    struct metric *heap_cuts;     /* ... of them, for the heap limit (--max-heap-mb) */
 };
 
 struct l2ctl;

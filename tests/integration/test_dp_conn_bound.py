@@ -65,7 +65,11 @@ class RawZmtp:
     def frame(self, data, more):
         """Sends one frame; False once the server has closed the connection (a reset, or its
         FIN: a closed connection may advertise no window and so never reset the sender)."""
-        buf = memoryview(bytes([0x02 | (1 if more else 0)]) + struct.pack(">Q", len(data)) + data)
+        return self.raw(bytes([0x02 | (1 if more else 0)]) + struct.pack(">Q", len(data)) + data)
+
+    def raw(self, data):
+        """Sends bytes as they are (frames already encoded); False as frame() does."""
+        buf = memoryview(data)
         self.sock.setblocking(False)
         try:
             while buf:
@@ -130,6 +134,49 @@ def test_endless_multipart_message_is_cut(srv):
     assert w.ok("retrieve_bytes", model_name=MODEL, chunk_hashes=h)["chunks"] == chunks
     w2 = Wire(s.zmq_port)  # and a new connection
     assert w2.ok("retrieve_bytes", model_name=MODEL, chunk_hashes=h)["chunks"] == chunks
+
+
+def test_empty_frames_are_cut_by_the_heap_limit(srv):
+    # Regression: empty frames cost libzmq 64 bytes each for 2 bytes on the wire, so a flood of
+    # them grew the server 32 times faster than the per-connection bound on received bytes
+    # (about 17 GiB at the defaults used here) could notice: 64 MB of them made 2 GiB.
+    limit = 192
+    s, w = srv("--max-heap-mb", str(limit), "--l1-prefault=false", l1_size_gb="0.05")
+    assert w.ok("noop")["result"] == "OK"
+    assert metric(s, "lmcache_mp_dataplane_heap_cuts_total") == 0
+    heap = metric(s, "lmcache_mp_heap_bytes")
+    assert 0 < heap < limit << 20, heap
+    before = proc_status(s.proc.pid, "VmRSS")
+    flood, block = 64 << 20, b"\x01\x00" * (1 << 19)  # 512 Ki empty frames with MORE a MiB
+    z = RawZmtp(s.zmq_port)
+    port = z.local_port
+    sent = 0
+    try:
+        assert z.frame(b"rid", True) and z.frame(b"noop", True)
+        while sent < flood and z.raw(block):
+            sent += len(block)
+    finally:
+        z.close()
+    assert sent < flood, "the server buffered the whole flood of empty frames"
+    grown = proc_status(s.proc.pid, "VmHWM") - before
+    # the limit, and what arrives within a check (50 ms) or two
+    assert grown < (limit + 448) << 20, grown
+    assert metric(s, "lmcache_mp_dataplane_heap_cuts_total") >= 1
+    assert metric(s, CUT) >= 1
+    line = [l for l in s.output().splitlines() if f"127.0.0.1:{port} cut" in l]
+    assert line and "over --max-heap-mb" in line[0], s.output()[-2000:]
+    # libzmq frees the cut connection's frames: the heap is back under the limit
+    deadline = time.time() + 10
+    while metric(s, "lmcache_mp_heap_bytes") > limit << 20 and time.time() < deadline:
+        time.sleep(0.1)
+    assert metric(s, "lmcache_mp_heap_bytes") < limit << 20
+    assert s.get("/healthcheck").status_code == 200
+    assert w.ok("noop")["result"] == "OK"
+    h = hashes(1, b"after-empty-frames")
+    assert w.ok("store_bytes", model_name=MODEL, chunk_hashes=h,
+                chunks=[b"\x33" * (1 << 20)])["stored_chunks"] == 1
+    assert Wire(s.zmq_port).ok("retrieve_bytes", model_name=MODEL,
+                               chunk_hashes=h)["chunks"] == [b"\x33" * (1 << 20)]
 
 
 def store_request(i, chunk, ntok):

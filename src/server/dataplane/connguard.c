@@ -20,7 +20,13 @@
  * Connections are learnt from a socket monitor on the router (accepted, disconnected, closed;
  * the event's value is the descriptor). The table is indexed by descriptor; descriptors are
  * reused, so an accepted event resets its entry, and before cutting, the peer and local
- * addresses are compared with those seen at accept time. */
+ * addresses are compared with those seen at accept time.
+ *
+ * Bytes received are not bytes held for tiny frames (64 bytes of message structure for an empty
+ * frame of 2 wire bytes), so a second bound counts memory: with a heap limit, when the
+ * connections hold anything worth it unread, each check reads what malloc holds and, over the
+ * limit, cuts the connection holding the most; the heap then falls by what libzmq held for it
+ * once libzmq has torn it down, so the next such cut waits CONNGUARD_HEAP_CUT_GAP_NS. */
 #include "server/dataplane/connguard.h"
 
 #include <arpa/inet.h>
@@ -36,6 +42,7 @@
 
 #include "base/clock.h"
 #include "base/errbuf.h"
+#include "base/heap.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/ratelimit.h"
@@ -69,6 +76,9 @@ struct connguard {
     int *live; /* descriptors of the entries not free, in no order */
     size_t nlive, livecap;
     uint64_t next_check_ns;
+    uint64_t heap_limit; /* 0: none */
+    struct metric *heap_cuts;
+    uint64_t next_heap_cut_ns;
     struct ratelimit log_rl; /* cuts come at the rate peers choose */
 };
 
@@ -113,6 +123,11 @@ struct connguard *connguard_start(void *zctx, void *router, uint64_t limit, stru
         return NULL;
     }
     return g;
+}
+
+void connguard_set_heap_limit(struct connguard *g, uint64_t limit, struct metric *heap_cuts) {
+    g->heap_limit = limit;
+    g->heap_cuts = heap_cuts;
 }
 
 void connguard_stop(struct connguard *g) {
@@ -250,8 +265,9 @@ static void addr_str(const union cg_addr *a, socklen_t len, char *out, size_t ou
 
 /* Cuts the connection of fd, which holds `held` bytes in libzmq, when the descriptor is still
  * that connection (a descriptor whose close was not reported yet may belong to another socket
- * now). */
-static void cut(struct connguard *g, int fd, uint64_t held) {
+ * now). heap: what malloc held, for a cut for the heap limit; 0 for the per-connection limit.
+ * 1 when it was cut. */
+static int cut(struct connguard *g, int fd, uint64_t held, uint64_t heap) {
     struct cg_conn *c = &g->conns[fd];
     union cg_addr peer, local;
     socklen_t plen = sizeof(peer), llen = sizeof(local);
@@ -259,27 +275,70 @@ static void cut(struct connguard *g, int fd, uint64_t held) {
         !same_addr(&peer, plen, &c->peer, c->peerlen) ||
         !same_addr(&local, llen, &c->local, c->locallen)) {
         untrack(g, fd);
-        return;
+        return 0;
     }
     if (shutdown(fd, SHUT_RDWR) < 0) {
         untrack(g, fd);
-        return;
+        return 0;
     }
     c->state = CG_CUT; /* until libzmq reports it gone */
     if (g->cut_total) metric_inc(g->cut_total, 1);
+    if (heap && g->heap_cuts) metric_inc(g->heap_cuts, 1);
     unsigned long dropped;
     if (ratelimit_allow(&g->log_rl, clock_mono(), &dropped)) {
         char who[INET6_ADDRSTRLEN + 16];
         addr_str(&c->peer, c->peerlen, who, sizeof(who));
+        if (heap)
+            log_warn(g->lg,
+                     "data connection from %s cut: %llu bytes received and not delivered, the "
+                     "most of any connection, while malloc held %llu bytes, over --max-heap-mb "
+                     "(%llu) (%lu similar cuts not logged)",
+                     who, (unsigned long long)held, (unsigned long long)heap,
+                     (unsigned long long)g->heap_limit, dropped);
+        else
+            log_warn(g->lg,
+                     "data connection from %s cut: %llu bytes received and not delivered, over "
+                     "the limit of %llu (--zmq-rcvhwm + 1 messages of --max-message-mb) (%lu "
+                     "similar cuts not logged)",
+                     who, (unsigned long long)held, (unsigned long long)g->limit, dropped);
+    }
+    return 1;
+}
+
+/* What the kernel still queues for fd is not libzmq's: held less that. */
+static uint64_t held_by_zmq(int fd, uint64_t held) {
+    int inq = 0;
+    uint64_t queued = ioctl(fd, SIOCINQ, &inq) == 0 && inq > 0 ? (uint64_t)inq : 0;
+    return held > queued ? held - queued : 0;
+}
+
+/* The heap is over its limit: cuts the live connection holding the most (at least a handshake's
+ * allowance: below that, cutting frees next to nothing and the heap is someone else's). */
+static void heap_cut(struct connguard *g, uint64_t heap, uint64_t now_ns) {
+    int victim = -1;
+    uint64_t most = 0;
+    for (size_t i = 0; i < g->nlive; i++) {
+        int fd = g->live[i];
+        if (g->conns[fd].state == CG_LIVE && g->conns[fd].held > most) {
+            most = g->conns[fd].held;
+            victim = fd;
+        }
+    }
+    uint64_t held = victim >= 0 ? held_by_zmq(victim, most) : 0;
+    unsigned long dropped;
+    if (held > CONNGUARD_BASE_SLACK) {
+        if (cut(g, victim, held, heap)) g->next_heap_cut_ns = now_ns + CONNGUARD_HEAP_CUT_GAP_NS;
+    } else if (ratelimit_allow(&g->log_rl, clock_mono(), &dropped)) {
         log_warn(g->lg,
-                 "data connection from %s cut: %llu bytes received and not delivered, over the "
-                 "limit of %llu (--zmq-rcvhwm + 1 messages of --max-message-mb) (%lu similar "
-                 "cuts not logged)",
-                 who, (unsigned long long)held, (unsigned long long)g->limit, dropped);
+                 "malloc holds %llu bytes, over --max-heap-mb (%llu), and no data connection "
+                 "holds over %u bytes unread (%lu similar messages not logged)",
+                 (unsigned long long)heap, (unsigned long long)g->heap_limit, CONNGUARD_BASE_SLACK,
+                 dropped);
     }
 }
 
 static void check(struct connguard *g, uint64_t now_ns) {
+    uint64_t total = 0;
     for (size_t i = 0; i < g->nlive;) {
         int fd = g->live[i];
         struct cg_conn *c = &g->conns[fd];
@@ -303,15 +362,18 @@ static void check(struct connguard *g, uint64_t now_ns) {
         c->received = r;
         c->credit = 0;
         c->last_ns = now_ns;
+        total += c->held;
         if (c->held <= g->limit) continue;
-        /* What the kernel still queues is not libzmq's: subtract it only now (one more call). */
-        int inq = 0;
-        uint64_t queued = ioctl(fd, SIOCINQ, &inq) == 0 && inq > 0 ? (uint64_t)inq : 0;
-        uint64_t held = c->held > queued ? c->held - queued : 0;
+        /* Only now the kernel's queue is subtracted (one more call). */
+        uint64_t held = held_by_zmq(fd, c->held);
         if (held > g->limit) {
-            cut(g, fd, held);
+            cut(g, fd, held, 0);
             if (g->conns[fd].state == CG_FREE) i--; /* untracked: another one took slot i */
         }
+    }
+    if (g->heap_limit && total >= CONNGUARD_HEAP_PROBE && now_ns >= g->next_heap_cut_ns) {
+        uint64_t heap = heap_in_use();
+        if (heap > g->heap_limit) heap_cut(g, heap, now_ns);
     }
 }
 

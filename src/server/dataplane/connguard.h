@@ -24,6 +24,11 @@ struct metric;
 #define CONNGUARD_HEARTBEAT_PER_S 1024u
 /* How often every connection is checked. */
 #define CONNGUARD_CHECK_NS (50u * 1000u * 1000u)
+/* The heap is read only while the connections hold at least this much unread in all. */
+#define CONNGUARD_HEAP_PROBE (1u << 20)
+/* After a cut for the heap, the next one waits this long: libzmq frees the cut connection's
+ * messages only once its threads have seen it gone. */
+#define CONNGUARD_HEAP_CUT_GAP_NS (250ull * 1000u * 1000u)
 
 /* Bytes libzmq may hold for one connection: --zmq-rcvhwm requests it holds plus the one it is
  * reading, each of at most --max-message-mb and its framing. */
@@ -33,6 +38,13 @@ uint64_t connguard_limit(uint64_t rcvhwm, uint64_t max_message_bytes);
  * a message on failure. cut_total (may be NULL) counts the connections cut. */
 struct connguard *connguard_start(void *zctx, void *router, uint64_t limit, struct logger *lg,
                                   struct metric *cut_total, char *err, size_t errlen);
+/* Bytes are not memory: libzmq keeps each frame of a message in a 64-byte structure, so a peer
+ * sending empty frames (2 bytes on the wire) makes it hold 32 times what it sent. With a limit
+ * set, while the connections hold at least CONNGUARD_HEAP_PROBE unread, each check reads what
+ * malloc holds (heap_in_use) and, over `limit` bytes, cuts the connection holding the most
+ * unread bytes (one per CONNGUARD_HEAP_CUT_GAP_NS), counted in heap_cuts (may be NULL) as well
+ * as in cut_total. 0: no limit (the default). */
+void connguard_set_heap_limit(struct connguard *g, uint64_t limit, struct metric *heap_cuts);
 /* Stops the monitor and closes the PAIR socket; call it before closing `router`. */
 void connguard_stop(struct connguard *g);
 /* The socket to poll for monitor events. */

@@ -829,6 +829,12 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
         connguard_start(dp->zctx, dp->sock, connguard_limit((uint64_t)rcvhwm, max_message_bytes),
                         dp->lg, e->dpm.conns_cut, err, errlen);
     if (!dp->guard) goto fail;
+    uint64_t heap_limit = config_max_heap_bytes(cfg);
+    connguard_set_heap_limit(dp->guard, heap_limit, e->dpm.heap_cuts);
+    if (heap_limit)
+        log_info(dp->lg,
+                 "data connections are cut while malloc holds over %llu MiB (--max-heap-mb)",
+                 (unsigned long long)(heap_limit >> 20));
     if (cfg->ipc_path && *cfg->ipc_path) {
         char iep[300];
         if (snprintf(iep, sizeof(iep), "ipc://%s", cfg->ipc_path) >= (int)sizeof(iep)) {
