@@ -272,6 +272,55 @@ static void test_unusual_arrays_are_decoded_whole(void **state) {
     msgpack_unpacked_destroy(&up);
 }
 
+/* Regression: a store_bytes payload (its chunks in the map) with token ids read in place had
+ * all its other fields copied for msgpack-c, chunks included: a 256 MiB copy per request, 0.11
+ * GB/s. A large rest is decoded whole, in place, the chunks referenced where they lie. */
+static void test_large_other_fields_are_not_copied(void **state) {
+    (void)state;
+    for (int big = 0; big < 2; big++) {
+        size_t chunk = big ? 2 * DP_RAW_REST_MAX : 1000;
+        char *data = malloc(chunk);
+        assert_non_null(data);
+        memset(data, 0x5a, chunk);
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_map(&pk, 2);
+        pack_key(&pk, "token_ids");
+        msgpack_pack_array(&pk, 256);
+        for (uint32_t i = 0; i < 256; i++) msgpack_pack_uint32(&pk, token(i));
+        pack_key(&pk, "chunks");
+        msgpack_pack_array(&pk, 1);
+        msgpack_pack_bin(&pk, chunk);
+        msgpack_pack_bin_body(&pk, data, chunk);
+        msgpack_unpacked up;
+        msgpack_unpacked_init(&up);
+        struct dp_map m;
+        struct dp_err err = {0};
+        assert_int_equal(dp_decode(sb.data, sb.size, &up, &m, &err), 0);
+        assert_int_equal(m.nraw, big ? 0 : 1);
+        assert_true(big ? m.rest == NULL : m.rest != NULL);
+        const msgpack_object *c = dp_get(&m, "chunks");
+        assert_non_null(c);
+        assert_int_equal(c->via.array.size, 1);
+        const msgpack_object_bin *bin = &c->via.array.ptr[0].via.bin;
+        assert_int_equal(bin->size, chunk);
+        assert_memory_equal(bin->ptr, data, chunk);
+        if (big) /* where it lies in the payload */
+            assert_true(bin->ptr > sb.data && bin->ptr + chunk <= sb.data + sb.size);
+        uint32_t *v = NULL, n = 0;
+        assert_int_equal(dp_u32_array(&m, "token_ids", 1, &v, &n, &err), 0);
+        assert_int_equal(n, 256);
+        for (uint32_t i = 0; i < n; i++) assert_int_equal(v[i], token(i));
+        free(v);
+        dp_map_free(&m);
+        msgpack_unpacked_destroy(&up);
+        msgpack_sbuffer_destroy(&sb);
+        free(data);
+    }
+}
+
 static int released;
 static void count_release(void *data, void *hint) {
     (void)data;
@@ -307,6 +356,7 @@ int main(void) {
         cmocka_unit_test(test_reply_free_releases_its_frames),
         cmocka_unit_test(test_large_integer_arrays_are_read_in_place),
         cmocka_unit_test(test_unusual_arrays_are_decoded_whole),
+        cmocka_unit_test(test_large_other_fields_are_not_copied),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -146,9 +146,16 @@ static int split_raw(const unsigned char *p, size_t len, struct dp_map *m) {
         end[i] = pos;
     }
     if (pos != len || m->nraw == 0 || elements > DP_MAX_ELEMENTS) return 0;
-    size_t rest = 5;
+    size_t rest = 5, raw_bytes = 0;
     for (uint64_t i = 0; i < pairs; i++)
-        if (raw_of[i] < 0) rest += end[i] - start[i];
+        if (raw_of[i] < 0)
+            rest += end[i] - start[i];
+        else
+            raw_bytes += end[i] - start[i];
+    /* The rest is copied: worth it only while it is small beside the arrays it spares msgpack-c
+     * (24 bytes of object and a few ns per element). A store_bytes payload carries its chunks:
+     * copying them (hundreds of MiB) cost far more than decoding its token ids. */
+    if (rest > DP_RAW_REST_MAX && rest > 16 * raw_bytes) return 0;
     unsigned char *q = malloc(rest);
     if (!q) return 0;
     uint32_t kept = (uint32_t)pairs - m->nraw;

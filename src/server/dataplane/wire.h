@@ -25,6 +25,9 @@
  * msgpack's unsigned forms. msgpack-c would make a 24-byte object of each element (a 32k-token
  * prompt: 0.8 MB and about half of a 128-chunk lookup's server time). */
 #define DP_RAW_MIN 64
+/* The other fields are then copied into a map of their own for msgpack-c: only while they take
+ * at most this, or 16 times the arrays' bytes (else the payload is decoded whole). */
+#define DP_RAW_REST_MAX (64u << 10)
 struct dp_rawarr {
     const char *name;         /* "token_ids" or "block_ids" */
     const unsigned char *p;   /* the first element's bytes, in the received frame */
