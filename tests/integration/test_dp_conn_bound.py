@@ -1,7 +1,9 @@
 """What libzmq may hold for one tcp connection of the data socket (docs/security.md, Bounded
 work and memory per request): a multipart message whose frames never end is cut once libzmq
 holds more than --zmq-rcvhwm + 1 messages of --max-message-mb for it, while pipelined requests
-of a client pushed back by a full worker queue, and idle connections, never are.
+of a client pushed back by a full worker queue, and idle connections, never are; and a flood
+of empty frames, which costs libzmq 32 times its wire size, is cut by the heap bound
+(--max-heap-mb) long before the per-connection bound could see it.
 
 The flood is sent by a hand-written ZMTP 3.0 peer (NULL mechanism): libzmq clients keep the
 frames of an unfinished message in their own process until its last frame is sent, so only a

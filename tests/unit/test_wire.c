@@ -176,6 +176,17 @@ static void test_large_integer_arrays_are_read_in_place(void **state) {
     assert_int_equal(n, 1000);
     for (uint32_t i = 0; i < n; i++) assert_int_equal(v[i], token(i));
     free(v);
+    /* converted by dp_decode and handed over: asked again, the bytes are read again */
+    assert_null(dp_raw(&m, "token_ids")->vals);
+    assert_int_equal(dp_u32_array(&m, "token_ids", 1, &v, &n, &err), 0);
+    assert_int_equal(n, 1000);
+    for (uint32_t i = 0; i < n; i++) assert_int_equal(v[i], token(i));
+    uint32_t *again = malloc(1000 * sizeof(*again));
+    assert_non_null(again);
+    dp_raw_u32(dp_raw(&m, "token_ids"), again);
+    assert_memory_equal(again, v, 1000 * sizeof(*v));
+    free(again);
+    free(v);
     const struct dp_rawarr *b = dp_raw(&m, "block_ids");
     assert_non_null(b);
     uint32_t ids[70];

@@ -21,7 +21,7 @@
 
 struct op_ctx {
     struct engine *e;
-    const struct dp_map *m;
+    struct dp_map *m;
     struct dp_reply *r;
     struct dp_err *err;
     uint64_t now;

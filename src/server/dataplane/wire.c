@@ -73,32 +73,51 @@ static int container_head(const unsigned char *p, size_t avail, unsigned fix, un
 }
 
 /* An array of at least DP_RAW_MIN non-negative integers below 2^32, each positive fixint, uint8,
- * uint16 or uint32: its element count, first element and end; 0 when it is one, else -1. */
+ * uint16 or uint32: its element count, first element and end, and its elements converted into
+ * *vals (malloc'd; one pass over the bytes does both); 0 when it is one, else -1 (nothing
+ * allocated). */
 static int plain_u32_array(const unsigned char *p, size_t avail, uint32_t *n,
-                           const unsigned char **first, size_t *used) {
+                           const unsigned char **first, size_t *used, uint32_t **vals) {
     size_t pos;
     uint64_t cnt;
     if (container_head(p, avail, 0x90, 0xdc, &cnt, &pos) < 0) return -1;
     if (cnt < DP_RAW_MIN || cnt > avail - pos) return -1; /* each element takes a byte at least */
+    if (cnt > DP_MAX_ELEMENTS) return -1; /* refused by the whole decode, before any allocation */
+    /* The first element decides before anything is allocated: most arrays that are not plain
+     * (strings, negative ids) show it there. */
+    if (elem_width[p[pos]] == 0) return -1;
+    uint32_t *out = malloc((size_t)cnt * sizeof(*out));
+    if (!out) return -1;
     *first = p + pos;
-    /* While 5 bytes remain no element can run past the end; the last few are checked one by
-     * one. A zero width (another form) stops the walk. */
+    /* While 5 bytes remain no element can run past the end, and the 4 bytes after an element's
+     * first can be read and shifted without branching on its form (token ids mix uint16 and
+     * uint32 at random); the last few are checked one by one. A zero width (another form) stops
+     * the walk. */
     uint64_t i = 0;
     while (i < cnt && avail - pos >= 5) {
-        unsigned w = elem_width[p[pos]];
-        if (w == 0) return -1;
+        unsigned e = p[pos], w = elem_width[e];
+        if (w == 0) goto bad;
+        uint32_t x = (uint32_t)p[pos + 1] << 24 | (uint32_t)p[pos + 2] << 16 |
+                     (uint32_t)p[pos + 3] << 8 | p[pos + 4];
+        out[i++] = w == 1 ? e : x >> elem_shift[e];
         pos += w;
-        i++;
     }
     for (; i < cnt; i++) {
-        if (pos >= avail) return -1;
-        unsigned w = elem_width[p[pos]];
-        if (w == 0 || w > avail - pos) return -1;
+        if (pos >= avail) goto bad;
+        unsigned e = p[pos], w = elem_width[e];
+        if (w == 0 || w > avail - pos) goto bad;
+        uint32_t x = 0;
+        for (unsigned k = 1; k < w; k++) x = x << 8 | p[pos + k];
+        out[i] = w == 1 ? e : x;
         pos += w;
     }
     *n = (uint32_t)cnt;
     *used = pos;
+    *vals = out;
     return 0;
+bad:
+    free(out);
+    return -1;
 }
 
 /* Splits a payload map into the raw-read fields and the rest (copied into m->rest, a map32 of
@@ -125,8 +144,10 @@ static int split_raw(const unsigned char *p, size_t len, struct dp_map *m) {
             uint32_t n;
             const unsigned char *first;
             if (seen[f]++) return 0; /* twice: decoded whole, as msgpack-c sees it */
-            if (plain_u32_array(p + pos, len - pos, &n, &first, &used) < 0) break;
+            uint32_t *vals;
+            if (plain_u32_array(p + pos, len - pos, &n, &first, &used, &vals) < 0) break;
             struct dp_rawarr *r = &m->raw[m->nraw];
+            r->vals = vals;
             r->name = RAW_FIELDS[f];
             r->p = first;
             r->end = p + pos + used;
@@ -176,18 +197,13 @@ static int split_raw(const unsigned char *p, size_t len, struct dp_map *m) {
 }
 
 void dp_raw_u32(const struct dp_rawarr *r, uint32_t *out) {
-    const unsigned char *p = r->p;
-    uint32_t i = 0;
-    /* Without branches on the form (token ids mix uint16 and uint32 at random): read the 4 bytes
-     * after the first and shift; a fixint is its first byte. Safe while 5 bytes remain. */
-    for (; i < r->n && r->end - p >= 5; i++) {
-        unsigned e = *p;
-        uint32_t x = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
-        x >>= elem_shift[e];
-        out[i] = elem_width[e] == 1 ? e : x;
-        p += elem_width[e];
+    if (r->vals) {
+        memcpy(out, r->vals, (size_t)r->n * sizeof(*out));
+        return;
     }
-    for (; i < r->n; i++) {
+    /* taken by dp_u32_array: read the bytes again (checked when they were converted) */
+    const unsigned char *p = r->p;
+    for (uint32_t i = 0; i < r->n; i++) {
         unsigned e = *p, w = elem_width[e];
         uint32_t x = 0;
         for (unsigned k = 1; k < w; k++) x = x << 8 | p[k];
@@ -202,11 +218,20 @@ const struct dp_rawarr *dp_raw(const struct dp_map *m, const char *name) {
     return NULL;
 }
 
+/* Forgets the fields read in place (a split given up, or the map freed). */
+static void raw_drop(struct dp_map *m) {
+    for (unsigned k = 0; k < m->nraw; k++) {
+        free(m->raw[k].vals);
+        m->raw[k].vals = NULL;
+    }
+    m->nraw = 0;
+}
+
 void dp_map_free(struct dp_map *m) {
+    raw_drop(m);
     free(m->rest);
     m->rest = NULL;
     m->rest_len = 0;
-    m->nraw = 0;
     m->obj = NULL;
 }
 
@@ -218,7 +243,7 @@ int dp_decode(const void *buf, size_t len, msgpack_unpacked *up, struct dp_map *
         buf = out->rest;
         len = out->rest_len;
     } else {
-        out->nraw = 0;
+        raw_drop(out);
     }
     if (dp_msgpack_check(buf, len, DP_MAX_ELEMENTS) < 0) {
         dp_fail(err, DP_BAD_REQUEST, "payload is not valid msgpack (or has over %u elements)",
@@ -373,9 +398,17 @@ int dp_array(const struct dp_map *m, const char *name, int required, const msgpa
     return 0;
 }
 
-int dp_u32_array(const struct dp_map *m, const char *name, int required, uint32_t **out,
-                 uint32_t *n, struct dp_err *err) {
-    const struct dp_rawarr *r = dp_raw(m, name);
+int dp_u32_array(struct dp_map *m, const char *name, int required, uint32_t **out, uint32_t *n,
+                 struct dp_err *err) {
+    struct dp_rawarr *r = NULL;
+    for (unsigned k = 0; k < m->nraw && !r; k++)
+        if (!strcmp(m->raw[k].name, name)) r = &m->raw[k];
+    if (r && r->vals) { /* converted while it was checked: handed over */
+        *out = r->vals;
+        *n = r->n;
+        r->vals = NULL;
+        return 0;
+    }
     if (r) {
         uint32_t *v = malloc((size_t)r->n * sizeof(*v));
         if (!v) {

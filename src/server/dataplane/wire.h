@@ -33,6 +33,8 @@ struct dp_rawarr {
     const unsigned char *p;   /* the first element's bytes, in the received frame */
     const unsigned char *end; /* just past the last element's */
     uint32_t n;
+    uint32_t *vals;      /* the n elements, converted while they were checked (malloc'd; NULL once
+                          * dp_u32_array took them) */
     msgpack_object stub; /* an ARRAY of n elements with no element objects (ptr NULL) */
 };
 
@@ -102,9 +104,10 @@ int dp_cstr(const struct dp_map *m, const char *name, int required, char *out, s
 /* An array; *arr points at its elements (a field read in place has none: dp_raw). */
 int dp_array(const struct dp_map *m, const char *name, int required, const msgpack_object **arr,
              uint32_t *n, struct dp_err *err);
-/* Converts an array of non-negative ints into out (caller frees). */
-int dp_u32_array(const struct dp_map *m, const char *name, int required, uint32_t **out,
-                 uint32_t *n, struct dp_err *err);
+/* Converts an array of non-negative ints into out (caller frees). A field read in place was
+ * converted by dp_decode already: that array is handed over (m keeps no copy). */
+int dp_u32_array(struct dp_map *m, const char *name, int required, uint32_t **out, uint32_t *n,
+                 struct dp_err *err);
 
 void dp_fail(struct dp_err *err, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
