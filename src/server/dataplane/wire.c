@@ -72,6 +72,13 @@ static int container_head(const unsigned char *p, size_t avail, unsigned fix, un
     return 0;
 }
 
+/* The value of a plain unsigned element of width w (elem_width) at p. */
+static uint32_t elem_value(const unsigned char *p, unsigned w) {
+    uint32_t x = 0;
+    for (unsigned k = 1; k < w; k++) x = x << 8 | p[k];
+    return w == 1 ? p[0] : x;
+}
+
 /* An array of at least DP_RAW_MIN non-negative integers below 2^32, each positive fixint, uint8,
  * uint16 or uint32: its element count, first element and end, and its elements converted into
  * *vals (malloc'd; one pass over the bytes does both); 0 when it is one, else -1 (nothing
@@ -106,9 +113,7 @@ static int plain_u32_array(const unsigned char *p, size_t avail, uint32_t *n,
         if (pos >= avail) goto bad;
         unsigned e = p[pos], w = elem_width[e];
         if (w == 0 || w > avail - pos) goto bad;
-        uint32_t x = 0;
-        for (unsigned k = 1; k < w; k++) x = x << 8 | p[pos + k];
-        out[i] = w == 1 ? e : x;
+        out[i] = elem_value(p + pos, w);
         pos += w;
     }
     *n = (uint32_t)cnt;
@@ -204,18 +209,20 @@ void dp_raw_u32(const struct dp_rawarr *r, uint32_t *out) {
     /* taken by dp_u32_array: read the bytes again (checked when they were converted) */
     const unsigned char *p = r->p;
     for (uint32_t i = 0; i < r->n; i++) {
-        unsigned e = *p, w = elem_width[e];
-        uint32_t x = 0;
-        for (unsigned k = 1; k < w; k++) x = x << 8 | p[k];
-        out[i] = w == 1 ? e : x;
+        unsigned w = elem_width[*p];
+        out[i] = elem_value(p, w);
         p += w;
     }
 }
 
-const struct dp_rawarr *dp_raw(const struct dp_map *m, const char *name) {
+static struct dp_rawarr *raw_find(struct dp_map *m, const char *name) {
     for (unsigned k = 0; k < m->nraw; k++)
         if (!strcmp(m->raw[k].name, name)) return &m->raw[k];
     return NULL;
+}
+
+const struct dp_rawarr *dp_raw(const struct dp_map *m, const char *name) {
+    return raw_find((struct dp_map *)m, name);
 }
 
 /* Forgets the fields read in place (a split given up, or the map freed). */
@@ -400,9 +407,7 @@ int dp_array(const struct dp_map *m, const char *name, int required, const msgpa
 
 int dp_u32_array(struct dp_map *m, const char *name, int required, uint32_t **out, uint32_t *n,
                  struct dp_err *err) {
-    struct dp_rawarr *r = NULL;
-    for (unsigned k = 0; k < m->nraw && !r; k++)
-        if (!strcmp(m->raw[k].name, name)) r = &m->raw[k];
+    struct dp_rawarr *r = raw_find(m, name);
     if (r && r->vals) { /* converted while it was checked: handed over */
         *out = r->vals;
         *n = r->n;
