@@ -132,6 +132,7 @@ struct engine {
 
 /* Outcomes of the engine API: ENGINE_OK, or one of these with a message in err. */
 #define ENGINE_OK                 0
+#define ENGINE_AGAIN              1     /* not an error: a resumable store parked (engine_store) */
 #define ENGINE_ERR_INTERNAL       (-1)  /* out of process memory, or a failure of ours */
 #define ENGINE_ERR_CONFIG         (-2)  /* an adapter rejects its --l2-adapter configuration */
 #define ENGINE_ERR_INVAL          (-3)  /* a field the caller passed is invalid */
@@ -202,6 +203,7 @@ struct engine_prompt {
  * fill(arg, i, dst) copies them (0, or -1 when the source cannot be read). replace: a resident
  * object of another size is replaced (a store from a registered layout: such an object could
  * never be retrieved into it); without it, it counts as skipped. */
+struct engine_store_state; /* a parked store (engine_source.resume) */
 struct engine_source {
     uint64_t (*size)(void *arg, uint32_t i);
     int (*fill)(void *arg, uint32_t i, void *dst);
@@ -216,6 +218,13 @@ struct engine_source {
      * job; 0, or -1 when chunk idx[*done] could not be read (those before it are filled).
      * Without it, fill is called chunk by chunk. */
     int (*fill_many)(void *arg, const uint32_t *idx, void *const *dsts, uint32_t n, uint32_t *done);
+    /* Optional: a resumable store. Where the store would wait for another request writing one
+     * of its chunks, it stops instead and returns ENGINE_AGAIN with *resume set (where it
+     * stopped, its counts so far, what it stored). The caller calls engine_store again with the
+     * same prompt and source, *resume unchanged, once engine_store_retry_at(*resume) passed:
+     * the call goes on from there (and sets *resume to NULL once it returns anything else), or
+     * ends it with engine_store_abandon. NULL: the wait runs in the call. */
+    struct engine_store_state **resume;
 };
 
 /* Chunks (and bytes: at most an eighth of L1) engine_store holds reserved before filling
@@ -255,13 +264,23 @@ int64_t engine_l2_wait_end(struct engine *e, struct engine_l2_wait *w);
 
 /* Stores the chunks of p for one rank into L1 and queues what was admitted for write-through
  * to every L2 adapter. A chunk another request is writing is waited for (at most
- * ENGINE_STORE_WAIT_NS per call, in all): skipped once it turned resident, written by this call
- * when that writer failed, pending when the wait ran out. The chunks before a failure stay
- * stored. Returns ENGINE_OK, or
+ * ENGINE_STORE_WAIT_NS per store, in all, parked or not): skipped once it turned resident,
+ * written by this store when that writer failed, pending when the wait ran out. The chunks
+ * before a failure stay stored. Returns ENGINE_OK, ENGINE_AGAIN (parked: src->resume), or
  * ENGINE_ERR_FULL / _TOO_MANY_NAMES / _INVAL (L1 refused), _SOURCE (fill failed), with err. */
 int engine_store(struct engine *e, const struct engine_prompt *p, const char *model,
                  uint32_t world_size, uint32_t rank, const struct engine_source *src,
                  uint64_t now_ns, struct engine_store_result *res, char *err, size_t errlen);
+
+/* A parked store (engine_source.resume): when to call engine_store again (CLOCK_MONOTONIC ns;
+ * the poll of the other writer grows from 20 us to 2 ms, never past the wait's deadline). */
+uint64_t engine_store_retry_at(const struct engine_store_state *st);
+/* The next call of the parked store waits no more: what is still being written by others is
+ * pending (a stopping server). */
+void engine_store_stop_waiting(struct engine_store_state *st);
+/* Ends a parked store without resuming it (its request failed or was dropped): what it stored
+ * stays stored and is queued for write-through; st is freed. */
+void engine_store_abandon(struct engine *e, struct engine_store_state *st);
 
 /* A cached chunk held for reading: data/size stay valid until engine_read_done. */
 struct engine_ref {

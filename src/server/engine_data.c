@@ -228,16 +228,26 @@ static bool resident_size_is(struct engine *e, const struct l1_key *key, uint64_
     return same;
 }
 
+/* Between two tries of a wait for another writer: 20 us, doubling up to 2 ms (a chunk copy takes
+ * micro- to milliseconds; L1 has no wake-up for this). */
+#define STORE_POLL_FIRST_NS (20ull * 1000)
+#define STORE_POLL_MAX_NS   (2ull * 1000 * 1000)
+
+/* Sets the wait's deadline at its first use: true while the store may still wait. */
+static bool wait_left(uint64_t *deadline, uint64_t now) {
+    if (!*deadline) *deadline = now + ENGINE_STORE_WAIT_NS;
+    return now < *deadline;
+}
+
 /* l1_reserve_write that waits for a concurrent writer of the same key instead of answering
  * L1_ERR_BUSY at once: until that writer finished (L1_EXISTS), failed (L1_OK: this caller
- * writes it) or *deadline passed (L1_ERR_BUSY). L1 has no wake-up for this, so the wait polls
- * with a growing sleep (a chunk copy takes micro- to milliseconds). With replace, a resident
- * object of another size is deleted (once no one reads it) and written again. *deadline is 0
- * until the first wait of the call sets it, so one call waits ENGINE_STORE_WAIT_NS at most.
- * wait false: L1_ERR_BUSY at once instead of waiting. */
+ * writes it) or *deadline passed (L1_ERR_BUSY), polling with a growing sleep. With replace, a
+ * resident object of another size is deleted (once no one reads it) and written again.
+ * *deadline is 0 until the first wait of the store sets it, so one store waits
+ * ENGINE_STORE_WAIT_NS at most. wait false: L1_ERR_BUSY at once instead of waiting. */
 static int reserve_or_wait(struct engine *e, const struct l1_key *key, uint64_t size, bool replace,
                            bool wait, uint64_t *deadline, struct l1_ref *ref) {
-    long sleep_ns = 20 * 1000;
+    uint64_t sleep_ns = STORE_POLL_FIRST_NS;
     for (;;) {
         uint64_t now = clock_mono_ns();
         int w = l1_reserve_write(e->l1, key, size, false, now, ref);
@@ -245,14 +255,27 @@ static int reserve_or_wait(struct engine *e, const struct l1_key *key, uint64_t 
             if (l1_delete(e->l1, key, false, now) == L1_OK) continue;
             w = L1_ERR_BUSY; /* read-locked: wait for its readers */
         }
-        if (w != L1_ERR_BUSY || !wait) return w;
-        if (!*deadline) *deadline = now + ENGINE_STORE_WAIT_NS;
-        if (now >= *deadline) return L1_ERR_BUSY;
-        struct timespec ts = {0, sleep_ns};
+        if (w != L1_ERR_BUSY || !wait || !wait_left(deadline, now)) return w;
+        struct timespec ts = {0, (long)sleep_ns};
         nanosleep(&ts, NULL);
-        if (sleep_ns < 2 * 1000 * 1000) sleep_ns *= 2;
+        if (sleep_ns < STORE_POLL_MAX_NS) sleep_ns *= 2;
     }
 }
+
+/* A store in progress: its counts, what it stored for the write-through, and where it goes on
+ * (on the caller's stack, or kept between the calls of a resumable store). */
+struct engine_store_state {
+    uint32_t n;    /* chunks of the range */
+    uint32_t next; /* the chunk (index in the range) a resumed call starts with */
+    struct engine_store_result res;
+    uint64_t deadline; /* of the wait for other writers (0: not waited yet) */
+    uint64_t retry_at; /* a parked store: when to call again */
+    uint64_t poll_ns;
+    /* what was admitted, for the write-through (NULL: none) */
+    struct keys_object_key *wt_keys;
+    struct l1_key *wt_l1keys;
+    size_t nwt;
+};
 
 /* The chunks a store reserved and has not filled yet. */
 struct store_batch {
@@ -264,17 +287,13 @@ struct store_batch {
     struct l1_key key[ENGINE_STORE_BATCH];
     struct l1_ref ref[ENGINE_STORE_BATCH];
     struct keys_object_key okey[ENGINE_STORE_BATCH];
-    /* what was admitted, for the write-through (NULL: none) */
-    struct keys_object_key *wt_keys;
-    struct l1_key *wt_l1keys;
-    size_t nwt;
 };
 
 /* Fills the batch (one fill_many, or chunk by chunk), then finishes the writes of the chunks
  * filled and aborts the others. ENGINE_OK, or ENGINE_ERR_SOURCE with err. */
 static int store_flush(struct engine *e, const struct engine_prompt *p,
                        const struct engine_source *src, struct store_batch *b,
-                       struct engine_store_result *res, char *err, size_t errlen) {
+                       struct engine_store_state *st, char *err, size_t errlen) {
     uint32_t done = 0;
     int bad = 0;
     if (b->n == 0) return ENGINE_OK;
@@ -296,11 +315,11 @@ static int store_flush(struct engine *e, const struct engine_prompt *p,
             continue;
         }
         if (l1_finish_write(e->l1, &b->key[j], b->ref[j].token, 0, now) == L1_OK) {
-            res->stored++;
-            res->bytes += b->size[j];
-            if (b->wt_keys) {
-                b->wt_keys[b->nwt] = b->okey[j];
-                b->wt_l1keys[b->nwt++] = b->key[j];
+            st->res.stored++;
+            st->res.bytes += b->size[j];
+            if (st->wt_keys) {
+                st->wt_keys[st->nwt] = b->okey[j];
+                st->wt_l1keys[st->nwt++] = b->key[j];
             }
         }
     }
@@ -312,61 +331,132 @@ static int store_flush(struct engine *e, const struct engine_prompt *p,
     return ENGINE_ERR_SOURCE;
 }
 
+static void state_init(struct engine *e, struct engine_store_state *st, uint32_t n) {
+    memset(st, 0, sizeof(*st));
+    st->n = n;
+    if (e->l2ctl && n) {
+        st->wt_keys = malloc((size_t)n * sizeof(*st->wt_keys));
+        st->wt_l1keys = malloc((size_t)n * sizeof(*st->wt_l1keys));
+        if (!st->wt_keys || !st->wt_l1keys) { /* write-through is best effort; the store goes on */
+            free(st->wt_keys);
+            free(st->wt_l1keys);
+            st->wt_keys = NULL;
+            st->wt_l1keys = NULL;
+        }
+    }
+}
+
+/* Queues the write-through of what the store stored (waiting for it as src says) and frees what
+ * the state holds; its counts go to *res. */
+static void state_end(struct engine *e, struct engine_store_state *st,
+                      const struct engine_source *src, struct engine_store_result *res) {
+    if (st->nwt)
+        st->res.l2_stored = l2_store_and_wait(e, st->wt_keys, st->wt_l1keys, st->nwt,
+                                              src->wait_l2_ns, src, &st->res.l2_wait);
+    free(st->wt_keys);
+    free(st->wt_l1keys);
+    st->wt_keys = NULL;
+    st->wt_l1keys = NULL;
+    st->nwt = 0;
+    if (res) *res = st->res;
+}
+
+uint64_t engine_store_retry_at(const struct engine_store_state *st) { return st->retry_at; }
+
+void engine_store_stop_waiting(struct engine_store_state *st) {
+    st->deadline = 1; /* passed */
+    st->retry_at = 0;
+}
+
+void engine_store_abandon(struct engine *e, struct engine_store_state *st) {
+    const struct engine_source none = {0};
+    if (!st) return;
+    state_end(e, st, &none, NULL);
+    free(st);
+}
+
+/* Parks a resumable store at chunk i (of the range): ENGINE_AGAIN, the counts so far in *res. */
+static int store_park(struct engine_store_state *st, uint32_t i, uint64_t now,
+                      struct engine_store_result *res) {
+    st->next = i;
+    st->poll_ns = st->poll_ns ? st->poll_ns * 2 : STORE_POLL_FIRST_NS;
+    if (st->poll_ns > STORE_POLL_MAX_NS) st->poll_ns = STORE_POLL_MAX_NS;
+    st->retry_at = now + st->poll_ns;
+    if (st->retry_at > st->deadline) st->retry_at = st->deadline;
+    *res = st->res;
+    return ENGINE_AGAIN;
+}
+
 int engine_store(struct engine *e, const struct engine_prompt *p, const char *model,
                  uint32_t world_size, uint32_t rank, const struct engine_source *src,
                  uint64_t now_ns, struct engine_store_result *res, char *err, size_t errlen) {
     uint32_t n = p->end_chunk - p->start_chunk;
     int rc = ENGINE_OK;
-    uint64_t wait_deadline = 0; /* set at the first wait */
+    struct engine_store_state local, *st = src->resume ? *src->resume : NULL;
+    bool park = src->resume != NULL; /* a wait for another writer parks instead */
     (void)now_ns;
     memset(res, 0, sizeof(*res));
+    if (st && st->n != n) {
+        errbuf_set(err, errlen, "a store resumed with %u chunks, started with %u", n, st->n);
+        engine_store_abandon(e, st);
+        *src->resume = NULL;
+        return ENGINE_ERR_INVAL;
+    }
+    if (!st) {
+        st = park ? malloc(sizeof(*st)) : &local;
+        if (!st) {
+            errbuf_set(err, errlen, "out of memory");
+            return ENGINE_ERR_FULL;
+        }
+        state_init(e, st, n);
+    }
     /* Reserved chunks are filled in batches (one copy job for several chunks). A batch is
-     * filled before this call waits for another writer or retries a full L1, so it never
-     * holds reservations while it waits, and L1 may evict what it stored before; a failure
-     * fills the batch first, so the chunks before it stay stored as chunk by chunk. */
+     * filled before this call waits for another writer, parks, or retries a full L1, so it
+     * never holds reservations while it waits, and L1 may evict what it stored before; a
+     * failure fills the batch first, so the chunks before it stay stored as chunk by chunk. */
     uint64_t batch_bytes = (uint64_t)(e->cfg->l1_size_gb * (double)(1ull << 30)) / 8;
     if (batch_bytes > ENGINE_STORE_BATCH_BYTES) batch_bytes = ENGINE_STORE_BATCH_BYTES;
     struct store_batch *b = calloc(1, sizeof(*b));
     if (!b) {
         errbuf_set(err, errlen, "out of memory");
-        return ENGINE_ERR_FULL;
+        rc = ENGINE_ERR_FULL;
+        goto end;
     }
-    if (e->l2ctl && n) {
-        b->wt_keys = malloc((size_t)n * sizeof(*b->wt_keys));
-        b->wt_l1keys = malloc((size_t)n * sizeof(*b->wt_l1keys));
-        if (!b->wt_keys || !b->wt_l1keys) { /* write-through is best effort; the store goes on */
-            free(b->wt_keys);
-            free(b->wt_l1keys);
-            b->wt_keys = NULL;
-            b->wt_l1keys = NULL;
-        }
-    }
-    for (uint32_t c = p->start_chunk; c < p->end_chunk; c++) {
+    for (uint32_t c = p->start_chunk + st->next; c < p->end_chunk; c++) {
         uint32_t i = c - p->start_chunk;
         struct l1_key key;
         struct l1_ref ref;
         struct keys_object_key okey;
-        rc = prompt_key(e, p, c, model, world_size, rank, true, b->wt_keys ? &okey : NULL, &key,
+        rc = prompt_key(e, p, c, model, world_size, rank, true, st->wt_keys ? &okey : NULL, &key,
                         err, errlen);
         if (rc != ENGINE_OK) break;
         uint64_t size = src->size(src->arg, i);
         if (b->n && (b->n == ENGINE_STORE_BATCH || b->bytes + size > batch_bytes)) {
-            rc = store_flush(e, p, src, b, res, err, errlen);
+            rc = store_flush(e, p, src, b, st, err, errlen);
             if (rc != ENGINE_OK) break;
         }
-        int w = reserve_or_wait(e, &key, size, src->replace, b->n == 0, &wait_deadline, &ref);
+        int w =
+            reserve_or_wait(e, &key, size, src->replace, !park && b->n == 0, &st->deadline, &ref);
         if (b->n && (w == L1_ERR_BUSY || w == L1_ERR_NOMEM)) {
             /* fill what is reserved, then wait (or let L1 evict it) */
-            rc = store_flush(e, p, src, b, res, err, errlen);
+            rc = store_flush(e, p, src, b, st, err, errlen);
             if (rc != ENGINE_OK) break;
-            w = reserve_or_wait(e, &key, size, src->replace, true, &wait_deadline, &ref);
+            w = reserve_or_wait(e, &key, size, src->replace, !park, &st->deadline, &ref);
+        }
+        if (w == L1_ERR_BUSY && park) {
+            uint64_t now = clock_mono_ns();
+            if (wait_left(&st->deadline, now)) { /* nothing reserved: the batch is empty */
+                free(b);
+                *src->resume = st;
+                return store_park(st, i, now, res);
+            }
         }
         if (w == L1_EXISTS) { /* resident (written before, or by the writer we waited for) */
-            res->skipped++;
+            st->res.skipped++;
             continue;
         }
         if (w == L1_ERR_BUSY) { /* still being written by another request */
-            res->pending++;
+            st->res.pending++;
             continue;
         }
         if (w != L1_OK) {
@@ -381,24 +471,25 @@ int engine_store(struct engine *e, const struct engine_prompt *p, const char *mo
         b->size[b->n] = size;
         b->key[b->n] = key;
         b->ref[b->n] = ref;
-        if (b->wt_keys) b->okey[b->n] = okey;
+        if (st->wt_keys) b->okey[b->n] = okey;
         b->n++;
         b->bytes += size;
     }
     if (b->n) { /* the chunks before a failure are stored; a fill failure among them wins */
         char ferr[256];
-        int frc = store_flush(e, p, src, b, res, ferr, sizeof(ferr));
+        int frc = store_flush(e, p, src, b, st, ferr, sizeof(ferr));
         if (frc != ENGINE_OK) {
             rc = frc;
             errbuf_set(err, errlen, "%s", ferr);
         }
     }
-    if (b->nwt)
-        res->l2_stored = l2_store_and_wait(e, b->wt_keys, b->wt_l1keys, b->nwt, src->wait_l2_ns,
-                                           src, &res->l2_wait);
-    free(b->wt_keys);
-    free(b->wt_l1keys);
     free(b);
+end:
+    state_end(e, st, src, res);
+    if (st != &local) {
+        free(st);
+        *src->resume = NULL;
+    }
     return rc;
 }
 

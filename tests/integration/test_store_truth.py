@@ -271,3 +271,41 @@ def test_a_store_waiting_for_its_write_through_holds_up_no_other_client(make_ser
         a.close()
         b.close()
         hole.close()
+
+
+def test_a_store_waiting_for_another_writer_holds_up_no_other_client(make_server):
+    """One worker (the default). B's chunks are read-locked by B's lookup and cleared, so A's
+    store of them must wait until the lock is released (at most 2 s). That wait no longer holds
+    the worker: B is served meanwhile, A's reply comes once B ends the lookup's session, with the
+    chunks stored, and A's pipelined noop after it."""
+    import msgpack
+    s = make_server(args=["--chunk-size", str(CHUNK)])
+    a, b = DPClient(s.zmq_port), DPClient(s.zmq_port)
+    try:
+        toks = prompt(41, 2)
+        b.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"o" * 5000] * 2)
+        b.call("lookup", request_id="held", model_name="m", token_ids=toks, num_kv_readers=1)
+        assert b.call("clear")["cleared"] == 2  # doomed, still read by the lookup
+        a.sock.send_multipart([b"1", b"store_bytes", msgpack.packb(
+            {"model_name": "m", "token_ids": toks, "chunks": [b"n" * 5000] * 2})])
+        a.sock.send_multipart([b"2", b"noop", msgpack.packb({})])
+        # B's requests go to the same worker and are answered while A's store waits.
+        r = b.call("store_bytes", model_name="m", token_ids=prompt(42, 1), chunks=[b"b" * 300])
+        assert r["stored_chunks"] == 1
+        assert b.call("get_chunk_size")["chunk_size"] == CHUNK
+        assert a.sock.poll(0) == 0, "A's store replied before the chunks it waits for were free"
+        b.call("end_session", request_id="held")
+        rid, op, body = a.sock.recv_multipart()
+        r = msgpack.unpackb(body)
+        assert (rid, op) == (b"1", b"store_bytes") and r["ok"], r
+        assert (r["stored_chunks"], r["skipped_chunks"], r["pending_chunks"]) == (2, 0, 0), r
+        rid, op, body = a.sock.recv_multipart()
+        assert (rid, op) == (b"2", b"noop")
+        got = b.call("retrieve_bytes", model_name="m", token_ids=toks)["chunks"]
+        assert got == [b"n" * 5000] * 2
+        body = s.get("/metrics").text
+        assert 'lmcache_mp_dataplane_requests_total{operation="store_bytes",result="ok"} 3.0' in \
+            body, [line for line in body.splitlines() if "requests_total" in line]
+    finally:
+        a.close()
+        b.close()

@@ -408,6 +408,102 @@ static void test_store_waits_for_a_concurrent_writer(void **state) {
     assert_int_equal(read_back(&pr, 1, "m", 1, 0, OWNER_A, "", 0x99), ENGINE_OK);
 }
 
+/* A resumable store (engine_source.resume) does not wait for the concurrent writer: it parks at
+ * that chunk with the counts so far, goes on from there when called again, and counts the chunk
+ * as skipped once the writer finished. */
+static int store_resumable(const struct prompt *pr, struct src *s, struct engine_store_state **st,
+                           struct engine_store_result *res) {
+    char err[256];
+    struct engine_source es = {.size = src_size, .fill = src_fill, .arg = s, .resume = st};
+    return engine_store(&eng, &pr->p, "m", 1, 0, &es, clock_mono_ns(), res, err, sizeof(err));
+}
+
+static void test_resumable_store_parks_instead_of_waiting(void **state) {
+    (void)state;
+    struct prompt pr;
+    struct src s = {60, UINT32_MAX};
+    struct l1_key k1;
+    struct l1_ref ref;
+    struct engine_store_state *st = NULL;
+    struct engine_store_result res;
+    prompt_init(&pr, 0xc2, 0, 3);
+    chunk_key(&pr, 1, &k1);
+    assert_int_equal(l1_reserve_write(eng.l1, &k1, CHUNK, false, clock_mono_ns(), &ref), L1_OK);
+    memset(ref.data, 0x77, CHUNK);
+    uint64_t t0 = clock_mono_ns();
+    assert_int_equal(store_resumable(&pr, &s, &st, &res), ENGINE_AGAIN);
+    assert_non_null(st);
+    assert_int_equal(res.stored, 1); /* chunk 0, before the busy one */
+    assert_int_equal(res.pending, 0);
+    assert_true(engine_store_retry_at(st) > t0);
+    assert_true(engine_store_retry_at(st) <= t0 + ENGINE_STORE_WAIT_NS + 1000000000ull);
+    assert_int_equal(read_back(&pr, 0, "m", 1, 0, OWNER_A, "", 60), ENGINE_OK);
+    /* Still busy: parked again, nothing counted twice. */
+    assert_int_equal(store_resumable(&pr, &s, &st, &res), ENGINE_AGAIN);
+    assert_int_equal(res.stored, 1);
+    assert_int_equal(l1_finish_write(eng.l1, &k1, ref.token, 0, clock_mono_ns()), L1_OK);
+    assert_int_equal(store_resumable(&pr, &s, &st, &res), ENGINE_OK);
+    assert_null(st);
+    assert_int_equal(res.stored, 2);
+    assert_int_equal(res.skipped, 1);
+    assert_int_equal(res.pending, 0);
+    assert_int_equal(res.bytes, 2 * CHUNK);
+    assert_int_equal(read_back(&pr, 1, "m", 1, 0, OWNER_A, "", 0x77), ENGINE_OK);
+    assert_int_equal(read_back(&pr, 2, "m", 1, 0, OWNER_A, "", 62), ENGINE_OK);
+}
+
+/* A parked store told to wait no more counts the busy chunk as pending and stores the rest; one
+ * abandoned keeps what it stored. */
+static void test_parked_store_stops_waiting_or_is_abandoned(void **state) {
+    (void)state;
+    struct prompt pr, pr2;
+    struct src s = {70, UINT32_MAX};
+    struct l1_key k0, k1;
+    struct l1_ref ref0, ref1;
+    struct engine_store_state *st = NULL;
+    struct engine_store_result res;
+    prompt_init(&pr, 0xc3, 0, 3);
+    chunk_key(&pr, 0, &k0);
+    assert_int_equal(l1_reserve_write(eng.l1, &k0, CHUNK, false, clock_mono_ns(), &ref0), L1_OK);
+    assert_int_equal(store_resumable(&pr, &s, &st, &res), ENGINE_AGAIN);
+    assert_int_equal(res.stored, 0);
+    engine_store_stop_waiting(st);
+    assert_int_equal(store_resumable(&pr, &s, &st, &res), ENGINE_OK);
+    assert_null(st);
+    assert_int_equal(res.stored, 2);
+    assert_int_equal(res.pending, 1);
+    assert_int_equal(l1_abort_write(eng.l1, &k0, ref0.token), L1_OK);
+    assert_int_equal(read_back(&pr, 0, "m", 1, 0, OWNER_A, "", 70), ENGINE_ERR_NOT_FOUND);
+
+    prompt_init(&pr2, 0xc4, 0, 2);
+    chunk_key(&pr2, 1, &k1);
+    assert_int_equal(l1_reserve_write(eng.l1, &k1, CHUNK, false, clock_mono_ns(), &ref1), L1_OK);
+    assert_int_equal(store_resumable(&pr2, &s, &st, &res), ENGINE_AGAIN);
+    assert_int_equal(res.stored, 1);
+    engine_store_abandon(&eng, st);
+    assert_int_equal(read_back(&pr2, 0, "m", 1, 0, OWNER_A, "", 70), ENGINE_OK);
+    assert_int_equal(l1_abort_write(eng.l1, &k1, ref1.token), L1_OK);
+}
+
+/* A resumed store whose range changed is refused (and its state freed). */
+static void test_resumed_store_of_another_range_is_refused(void **state) {
+    (void)state;
+    struct prompt pr;
+    struct src s = {80, UINT32_MAX};
+    struct l1_key k1;
+    struct l1_ref ref;
+    struct engine_store_state *st = NULL;
+    struct engine_store_result res;
+    prompt_init(&pr, 0xc5, 0, 2);
+    chunk_key(&pr, 1, &k1);
+    assert_int_equal(l1_reserve_write(eng.l1, &k1, CHUNK, false, clock_mono_ns(), &ref), L1_OK);
+    assert_int_equal(store_resumable(&pr, &s, &st, &res), ENGINE_AGAIN);
+    pr.p.end_chunk = 3;
+    assert_int_equal(store_resumable(&pr, &s, &st, &res), ENGINE_ERR_INVAL);
+    assert_null(st);
+    assert_int_equal(l1_abort_write(eng.l1, &k1, ref.token), L1_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_then_read),
@@ -418,6 +514,9 @@ int main(void) {
         cmocka_unit_test(test_lookup_session_holds_and_releases),
         cmocka_unit_test(test_lookup_stops_at_the_first_chunk_missing_a_rank),
         cmocka_unit_test(test_l2_calls_without_l2),
+        cmocka_unit_test(test_resumable_store_parks_instead_of_waiting),
+        cmocka_unit_test(test_parked_store_stops_waiting_or_is_abandoned),
+        cmocka_unit_test(test_resumed_store_of_another_range_is_refused),
         cmocka_unit_test(test_store_takes_over_a_chunk_whose_concurrent_writer_failed),
         cmocka_unit_test(test_store_waits_for_a_concurrent_writer),
     };

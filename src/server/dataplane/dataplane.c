@@ -82,20 +82,22 @@ struct dp_out {
     struct dp_out *next;
 };
 
-/* A request whose reply waits for its write-through (wait_l2) while the worker serves other
- * clients; the client's later requests wait in the queue behind it, so its replies keep their
- * order. */
+/* A store that waits while the worker serves other clients: its reply waits for its
+ * write-through (wait_l2, park.wait), or the store waits for another request writing one of its
+ * chunks and runs again later (park.store). The client's later requests wait in the queue
+ * behind it, so its replies keep their order. */
 struct dp_parked {
     struct worker *w;
     struct dp_req *req;
     struct dp_reply reply; /* filled so far; finished by dataplane_finish_parked */
     struct dp_park park;
-    int settled; /* every chunk written or failed (under the worker's lock) */
+    int settled;  /* every chunk written or failed (under the worker's lock) */
+    int stopping; /* taken while the worker stops: a parked store waits no more */
     struct dp_parked *next;
 };
 
-/* Parked requests one worker keeps at most; a store with wait_l2 beyond them waits on the
- * worker, as every store did before. */
+/* Parked requests one worker keeps at most; a store beyond them waits on the worker, as every
+ * store did before. */
 #define DP_MAX_PARKED 64u
 
 struct worker {
@@ -316,35 +318,7 @@ static int may_park(struct worker *w, struct dp_req *req) {
     return room;
 }
 
-/* Runs a request and queues its reply, or parks it (a store waiting for its write-through). */
-static void run(struct dataplane *dp, struct worker *w, struct dp_req *req) {
-    if (req->answer) {
-        queue_reply(dp, req, req->answer, req->answer_len, NULL, 0);
-        return;
-    }
-    struct dp_peer peer;
-    peer_of(dp, req, &peer);
-    struct dp_parked *pk = w && may_park(w, req) ? calloc(1, sizeof(*pk)) : NULL;
-    struct dp_reply stack, *r = pk ? &pk->reply : &stack;
-    dp_reply_init(r);
-    const void *op = zmq_msg_data(&req->op), *pl = zmq_msg_data(&req->payload);
-    size_t oplen = zmq_msg_size(&req->op), len = zmq_msg_size(&req->payload);
-    if (!pk) {
-        dataplane_handle_peer(dp->e, &peer, op, oplen, pl, len, req->blobs, req->nextra, r);
-        reply_done(dp, req, r);
-        return;
-    }
-    pk->w = w;
-    pk->park.notify = parked_settled;
-    pk->park.notify_arg = pk;
-    if (dataplane_handle_parkable(dp->e, &peer, op, oplen, pl, len, req->blobs, req->nextra,
-                                  &pk->park, r) == 1) {
-        reply_done(dp, req, r);
-        free(pk);
-        return;
-    }
-    /* The request's payload is no longer needed (the chunks are in L1): only its ids. */
-    pk->req = req;
+static void park(struct worker *w, struct dp_parked *pk) {
     pthread_mutex_lock(&w->lock);
     pk->next = w->parked;
     w->parked = pk;
@@ -352,7 +326,58 @@ static void run(struct dataplane *dp, struct worker *w, struct dp_req *req) {
     pthread_mutex_unlock(&w->lock);
 }
 
+/* Runs a parkable request (again, for a store parked by the engine) and queues its reply, or
+ * parks it. */
+static void run_parkable(struct dataplane *dp, struct dp_parked *pk) {
+    struct dp_req *req = pk->req;
+    struct dp_peer peer;
+    peer_of(dp, req, &peer);
+    if (dataplane_handle_parkable(dp->e, &peer, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
+                                  zmq_msg_data(&req->payload), zmq_msg_size(&req->payload),
+                                  req->blobs, req->nextra, &pk->park, &pk->reply) == DP_DONE) {
+        reply_done(dp, req, &pk->reply);
+        free(pk);
+        return;
+    }
+    park(pk->w, pk); /* the request stays whole (and charged): a parked store runs it again */
+}
+
+/* Runs a request and queues its reply, or parks it (a store waiting). */
+static void run(struct dataplane *dp, struct worker *w, struct dp_req *req) {
+    if (req->answer) {
+        queue_reply(dp, req, req->answer, req->answer_len, NULL, 0);
+        return;
+    }
+    struct dp_parked *pk = w && may_park(w, req) ? calloc(1, sizeof(*pk)) : NULL;
+    if (pk) {
+        pk->w = w;
+        pk->req = req;
+        pk->park.notify = parked_settled;
+        pk->park.notify_arg = pk;
+        dp_reply_init(&pk->reply);
+        run_parkable(dp, pk);
+        return;
+    }
+    struct dp_peer peer;
+    struct dp_reply r;
+    peer_of(dp, req, &peer);
+    dp_reply_init(&r);
+    dataplane_handle_peer(dp->e, &peer, zmq_msg_data(&req->op), zmq_msg_size(&req->op),
+                          zmq_msg_data(&req->payload), zmq_msg_size(&req->payload), req->blobs,
+                          req->nextra, &r);
+    reply_done(dp, req, &r);
+}
+
+/* A parked request whose turn came: its reply finished (write-through), or its store run again
+ * with a fresh reply (a stopping server waits for no other writer). */
 static void finish_parked(struct dataplane *dp, struct dp_parked *pk) {
+    if (pk->park.store) {
+        if (pk->stopping) engine_store_stop_waiting(pk->park.store);
+        dp_reply_free(&pk->reply);
+        dp_reply_init(&pk->reply);
+        run_parkable(dp, pk);
+        return;
+    }
     dataplane_finish_parked(dp->e, &pk->park, &pk->reply);
     reply_done(dp, pk->req, &pk->reply);
     free(pk);
@@ -383,14 +408,17 @@ static struct dp_req *take_runnable(struct worker *w) {
     return NULL;
 }
 
-/* Under w->lock: a parked request whose write-through settled or whose wait ran out (any, once
- * stopping); else NULL with *next the earliest deadline. */
+/* Under w->lock: a parked request whose write-through settled or whose wait ran out, or a
+ * parked store due to run again (any, once stopping); else NULL with *next the earliest
+ * deadline. */
 static struct dp_parked *take_settled(struct worker *w, uint64_t now, uint64_t *next) {
     *next = UINT64_MAX;
     for (struct dp_parked **pp = &w->parked; *pp; pp = &(*pp)->next) {
         struct dp_parked *p = *pp;
-        uint64_t dl = engine_l2_wait_deadline(p->park.wait);
+        uint64_t dl = p->park.store ? engine_store_retry_at(p->park.store)
+                                    : engine_l2_wait_deadline(p->park.wait);
         if (p->settled || w->stop || now >= dl) {
+            p->stopping = w->stop;
             *pp = p->next;
             w->nparked--;
             return p;

@@ -59,24 +59,36 @@ void dataplane_handle_peer(struct engine *e, const struct dp_peer *peer, const c
                            size_t oplen, const void *payload, size_t len,
                            const struct dp_blob *frames, uint32_t nframes, struct dp_reply *reply);
 
-/* A reply waiting for a write-through (store and store_bytes with wait_l2): the caller hands
- * over a notify callback, and a request that would wait comes back with `wait` set and its reply
- * unfinished. notify(notify_arg) runs once, from another thread holding the engine's
- * write-through mutex (take only leaf locks), when every chunk is written or failed. */
+/* A store that waits without holding its thread: for its write-through (store and store_bytes
+ * with wait_l2), or for another request writing one of its chunks. The caller hands over a
+ * notify callback, and a request that would wait comes back unfinished:
+ * - with `wait` set (its reply waits for the write-through): notify(notify_arg) runs once, from
+ *   another thread holding the engine's write-through mutex (take only leaf locks), when every
+ *   chunk is written or failed;
+ * - with `store` set (parked by the engine, engine_source.resume): the same request is to be
+ *   handled again, with the same park, from engine_store_retry_at(store) on. */
 struct engine_l2_wait;
+struct engine_store_state;
 struct dp_park {
     void (*notify)(void *arg);
     void *notify_arg;
-    struct engine_l2_wait *wait; /* set by the call: the reply waits for it */
+    struct engine_l2_wait *wait;      /* set by the call: the reply waits for it */
+    struct engine_store_state *store; /* set by the call: the request is to run again */
+    int again;                        /* the last call parked the store (ops_kv.c) */
     /* the request's outcome so far, for dataplane_finish_parked */
     int ok;
     struct dp_err err;
     const char *op;
-    uint64_t t0;
+    uint64_t t0; /* when the request first ran */
 };
-/* dataplane_handle_peer that may park: 1 with the reply complete, or 2 with park->wait set; then
- * the caller calls dataplane_finish_parked once notify ran or the wait's deadline
- * (engine_l2_wait_deadline) passed, whichever comes first. */
+#define DP_DONE      1 /* the reply is complete */
+#define DP_WAIT_L2   2 /* park->wait: finish with dataplane_finish_parked */
+#define DP_RUN_AGAIN 3 /* park->store: handle the request again (dataplane_handle_parkable) */
+/* dataplane_handle_peer that may park: DP_DONE, DP_WAIT_L2 (then the caller calls
+ * dataplane_finish_parked once notify ran or the wait's deadline, engine_l2_wait_deadline,
+ * passed, whichever comes first) or DP_RUN_AGAIN (then the caller calls this again with the same
+ * request, park and a fresh reply; engine_store_stop_waiting(park->store) first makes that call
+ * complete). A park starts zeroed but for notify and notify_arg. */
 int dataplane_handle_parkable(struct engine *e, const struct dp_peer *peer, const char *op,
                               size_t oplen, const void *payload, size_t len,
                               const struct dp_blob *frames, uint32_t nframes, struct dp_park *park,
