@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Extra checks run by scripts/test.sh after the sanitizer pass:
-#  1. the concurrency stress tests under ThreadSanitizer (any report fails the run);
+#  1. the concurrency stress tests under ThreadSanitizer (any report fails the run), and the
+#     server's data-plane, L1, L2 and admin integration tests against a ThreadSanitizer build
+#     of the server (a report makes it exit 66, which fails the test; tests/tsan.supp names the
+#     uninstrumented libraries whose own hand-overs it cannot see);
 #  2. every libFuzzer driver (tests/fuzz/fuzz_*.c) for a bounded time each
 #     (LMCACHE_FUZZ_SECONDS, default 30), with ASan+UBSan; a crash fails the run.
 set -euo pipefail
@@ -13,6 +16,15 @@ for t in build-tsan/test_l1_stress build-tsan/test_l1_clear_stress build-tsan/te
     echo "--- $t (ThreadSanitizer)"
     timeout 600 "$t" || rc=1
 done
+echo "--- server integration tests (ThreadSanitizer)"
+TSAN_OPTIONS="$TSAN_OPTIONS suppressions=$(pwd)/tests/tsan.supp" \
+    LMCACHE_BIN="$(pwd)/build-tsan/lmcache" LMCACHE_BUILD_DIR="$(pwd)/build-tsan" \
+    timeout 1800 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    tests/integration/test_store_truth.py tests/integration/test_dp_loop.py \
+    tests/integration/test_dataplane_server.py tests/integration/test_dp_chunk_frames.py \
+    tests/integration/test_l1_hardening.py tests/integration/test_copy_pool.py \
+    tests/integration/test_l2_fs_server.py tests/integration/test_admin_hardening.py \
+    tests/integration/test_reconfigure.py || rc=1
 
 CC=clang scripts/build.sh build-fuzz -DLMCACHE_FUZZ=ON -DLMCACHE_TESTS=OFF
 secs=${LMCACHE_FUZZ_SECONDS:-30}

@@ -2,7 +2,9 @@
 cache, also when another request was writing the same chunks at the same moment, and when that
 other writer failed half-way."""
 import os
+import signal
 import threading
+import time
 
 import pytest
 
@@ -306,6 +308,41 @@ def test_a_store_waiting_for_another_writer_holds_up_no_other_client(make_server
         body = s.get("/metrics").text
         assert 'lmcache_mp_dataplane_requests_total{operation="store_bytes",result="ok"} 3.0' in \
             body, [line for line in body.splitlines() if "requests_total" in line]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_store_parked_for_another_writer_is_answered_at_stop(make_server):
+    """SIGTERM while A's store waits for a chunk B's lookup still reads: the stopping server
+    waits no more, answers A with the chunk pending (not stored), then its pipelined noop, and
+    exits 0."""
+    import msgpack
+    s = make_server(args=["--chunk-size", str(CHUNK)])
+    a, b = DPClient(s.zmq_port), DPClient(s.zmq_port)
+    try:
+        toks = prompt(43, 1)
+        b.call("store_bytes", model_name="m", token_ids=toks, chunks=[b"o" * 700])
+        b.call("lookup", request_id="held", model_name="m", token_ids=toks, num_kv_readers=1)
+        assert b.call("clear")["cleared"] == 1
+        a.sock.send_multipart([b"1", b"store_bytes", msgpack.packb(
+            {"model_name": "m", "token_ids": toks, "chunks": [b"n" * 700]})])
+        a.sock.send_multipart([b"2", b"noop", msgpack.packb({})])
+        for _ in range(500):  # until the worker took A's store (it counts as submitted)
+            if "lmcache_mp_num_submitted_stores_total 2.0" in s.get("/metrics").text:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("A's store never reached the worker")
+        assert a.sock.poll(0) == 0
+        s.proc.send_signal(signal.SIGTERM)
+        rid, op, body = a.sock.recv_multipart()
+        r = msgpack.unpackb(body)
+        assert (rid, op) == (b"1", b"store_bytes") and r["ok"], r
+        assert (r["stored_chunks"], r["skipped_chunks"], r["pending_chunks"]) == (0, 0, 1), r
+        rid, op, body = a.sock.recv_multipart()
+        assert (rid, op) == (b"2", b"noop")
+        assert s.stop() == 0
     finally:
         a.close()
         b.close()

@@ -1045,8 +1045,10 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
 
 void admin_stop(struct admin *a, double timeout_s) {
     if (!a) return;
+    /* No new connections from here on. libmicrohttpd's threads may still use the listening
+     * socket until MHD_stop_daemon returns (its documentation says so, and ThreadSanitizer saw
+     * an epoll_ctl on it racing with an early close): it is closed after that. */
     MHD_socket s = MHD_quiesce_daemon(a->d);
-    if (s != MHD_INVALID_SOCKET) close(s);
     double deadline = clock_mono() + timeout_s;
     /* Idle keep-alive connections are not waited for, only requests in flight. */
     while (atomic_load(&a->inflight) > 0 && clock_mono() < deadline) usleep(10 * 1000);
@@ -1054,5 +1056,6 @@ void admin_stop(struct admin *a, double timeout_s) {
      * workers answer what is still queued and finish what they run. */
     stop_threads(a);
     MHD_stop_daemon(a->d);
+    if (s != MHD_INVALID_SOCKET) close(s);
     admin_free(a);
 }
