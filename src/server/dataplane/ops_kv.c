@@ -346,13 +346,15 @@ static int parse_store_options(struct op_ctx *o, struct engine_source *src) {
 /* Whether this run of a store goes on with a parked one (counted once, when it first ran). */
 static int store_resumed(const struct op_ctx *o) { return o->park && o->park->store; }
 
-/* The end of engine_store: 1 when the store parked (nothing is replied yet), else 0 with its
- * counts in the reply. */
+/* The end of engine_store, the handler's result: 0 when the store parked (nothing is replied
+ * yet), else its counts in the reply and 0, or -1 with the failure (shrunk: the message of a
+ * source that failed, a registered region that shrank). */
 static int store_replied(struct op_ctx *o, int erc, const struct engine_source *src,
-                         const struct engine_store_result *res, const char *model, uint64_t t0) {
+                         const struct engine_store_result *res, const char *model, uint64_t t0,
+                         const char *shrunk) {
     if (erc == ENGINE_AGAIN) {
         o->park->again = 1;
-        return 1;
+        return 0;
     }
     dp_put_int(o->r, "stored_chunks", res->stored);
     dp_put_int(o->r, "skipped_chunks", res->skipped);
@@ -362,6 +364,12 @@ static int store_replied(struct op_ctx *o, int erc, const struct engine_source *
     else if (src->wait_l2_ns)
         dp_put_int(o->r, "l2_stored_chunks", res->l2_stored);
     observe_throughput(o->e, 1, model, res->bytes, o->park && o->park->t0 ? o->park->t0 : t0);
+    if (erc == ENGINE_ERR_SOURCE && shrunk) {
+        dp_fail(o->err, DP_SHM_ERROR, "%s", shrunk);
+        return -1;
+    }
+    if (erc != ENGINE_OK) return op_engine_fail(o, erc);
+    metric_inc(o->e->dpm.stores_finished, 1);
     return 0;
 }
 
@@ -387,20 +395,7 @@ int dp_op_store(struct op_ctx *o) {
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, c->model_name, c->world_size, c->worker_id, &src, o->now,
                            &res, o->err->message, sizeof(o->err->message));
-    if (store_replied(o, erc, &src, &res, c->model_name, t0)) {
-        rc = 0;
-        goto out;
-    }
-    if (erc == ENGINE_ERR_SOURCE) {
-        dp_fail(o->err, DP_SHM_ERROR, SHRUNK);
-        goto out;
-    }
-    if (erc != ENGINE_OK) {
-        op_engine_fail(o, erc);
-        goto out;
-    }
-    metric_inc(o->e->dpm.stores_finished, 1);
-    rc = 0;
+    rc = store_replied(o, erc, &src, &res, c->model_name, t0, SHRUNK);
 out:
     op_range_free(&cr);
     free(blocks);
@@ -590,16 +585,7 @@ int dp_op_store_bytes(struct op_ctx *o) {
     struct engine_store_result res;
     int erc = engine_store(o->e, &cr, model, ws, rank, &src, o->now, &res, o->err->message,
                            sizeof(o->err->message));
-    if (store_replied(o, erc, &src, &res, model, t0)) {
-        rc = 0;
-        goto out;
-    }
-    if (erc != ENGINE_OK) {
-        op_engine_fail(o, erc);
-        goto out;
-    }
-    metric_inc(o->e->dpm.stores_finished, 1);
-    rc = 0;
+    rc = store_replied(o, erc, &src, &res, model, t0, NULL);
 out:
     free(chunks);
     op_range_free(&cr);
