@@ -15,8 +15,11 @@
 #   - before the table: the first store of each size into a fresh server without --warmup (first
 #     touch of L1 and of the registered shared memory, with page-fault counts), and the lookup
 #     latency of 4- and 128-chunk prompts;
-#   - `lmcache bench server --mode echo`: a bare ZMQ DEALER/ROUTER echo of messages of the same
-#     size over loopback tcp and over ipc (the transport alone);
+#   - `lmcache bench server --mode echo`: a bare ZMQ DEALER/ROUTER exchange of messages of the
+#     same size over loopback tcp and over ipc (the transport alone), in three shapes: the echo
+#     (the message sent back: it crosses twice per round trip), send (the message up, 8 bytes
+#     back: a store's shape) and fetch (8 bytes up, the message back: a retrieve's shape); the
+#     store rows are compared with send and the retrieve rows with fetch;
 #   - Redis (Debian's redis-server, started here) SET/GET of values of the same size with
 #     redis-benchmark, one client, before and after each size's runs (the higher counts).
 #   - the shared-memory and bytes rows again, back to back with the first ones, against a server
@@ -130,12 +133,15 @@ for mib in $SIZES; do
     fi
     tp "$TMP/ipc.$mib" --layers "$mib" --prompts "$prompts" --lookup-samples 0 \
         --endpoint "ipc://$IPC" --instance-base 3000 "$@"
-    ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 >"$TMP/echo.$mib" 2>&1 ||
-        { cat "$TMP/echo.$mib"; exit 1; }
-    ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 --echo-endpoint ipc \
-        >"$TMP/echoipc.$mib" 2>&1 || { cat "$TMP/echoipc.$mib"; exit 1; }
+    for shape in echo send fetch; do
+        for ep in tcp ipc; do
+            f=$shape; [ "$ep" = ipc ] && f=${shape}ipc
+            ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 --echo-endpoint "$ep" \
+                --echo-shape "$shape" >"$TMP/$f.$mib" 2>&1 || { cat "$TMP/$f.$mib"; exit 1; }
+        done
+    done
     m=0
-    runs="tp bm ipc echo echoipc"
+    runs="tp bm ipc echo echoipc send sendipc fetch fetchipc"
     [ "$POOL_OFF" = 1 ] && runs="$runs tp0 bm0"
     for f in $runs; do
         REF[$f]=$(ref <"$TMP/$f.$mib")
@@ -150,6 +156,8 @@ for mib in $SIZES; do
         "bytes_store_frames|tp|store_frames" "bytes_store_fr_ipc|ipc|store_frames" \
         "bytes_retr_frames|tp|retrieve_frames" "bytes_retr_fr_ipc|ipc|retrieve_frames" \
         "zmq_echo|echo|zmq echo" "zmq_echo_ipc|echoipc|zmq echo" \
+        "zmq_send|send|zmq send" "zmq_send_ipc|sendipc|zmq send" \
+        "zmq_fetch|fetch|zmq fetch" "zmq_fetch_ipc|fetchipc|zmq fetch" \
         "shm_store_nopool|tp0|store (shm)" "shm_retr_nopool|tp0|retrieve (shm)" \
         "store_bm_nopool|bm0|store (shm)" "retr_bm_nopool|bm0|retrieve (shm)" \
         "bytes_store_nopool|tp0|store_bytes" "bytes_retr_nopool|tp0|retrieve_bytes"; do
@@ -180,7 +188,7 @@ for mib in $SIZES; do printf "%20s" "$mib MiB"; done
 echo
 for k in memcpy shm_store shm_retrieve shm_store_bm shm_retrieve_bm bytes_store bytes_retrieve \
     bytes_store_ipc bytes_retr_ipc bytes_store_frames bytes_store_fr_ipc bytes_retr_frames bytes_retr_fr_ipc zmq_echo zmq_echo_ipc \
-    redis_set redis_get shm_store_nopool shm_retr_nopool store_bm_nopool retr_bm_nopool \
+    zmq_send zmq_send_ipc zmq_fetch zmq_fetch_ipc redis_set redis_get shm_store_nopool shm_retr_nopool store_bm_nopool retr_bm_nopool \
     bytes_store_nopool bytes_retr_nopool; do
     [ "$POOL_OFF" = 1 ] || case $k in *_nopool) continue ;; esac
     printf "%-18s" "$k"
@@ -210,6 +218,17 @@ ratio "store_f_ipc/echo" bytes_store_fr_ipc zmq_echo_ipc
 ratio "retr_f/redis_get" bytes_retr_frames redis_get
 ratio "retr_f/echo" bytes_retr_frames zmq_echo
 ratio "retr_f_ipc/echo" bytes_retr_fr_ipc zmq_echo_ipc
+# the same against the transport in the request's own shape
+ratio "store_b/send" bytes_store zmq_send
+ratio "store_f/send" bytes_store_frames zmq_send
+ratio "store_b_ipc/send" bytes_store_ipc zmq_send_ipc
+ratio "store_f_ipc/send" bytes_store_fr_ipc zmq_send_ipc
+ratio "retr_b/fetch" bytes_retrieve zmq_fetch
+ratio "retr_f/fetch" bytes_retr_frames zmq_fetch
+ratio "retr_b_ipc/fetch" bytes_retr_ipc zmq_fetch_ipc
+ratio "retr_f_ipc/fetch" bytes_retr_fr_ipc zmq_fetch_ipc
+ratio "redis_set/send" redis_set zmq_send
+ratio "redis_get/fetch" redis_get zmq_fetch
 if [ "$POOL_OFF" = 1 ]; then
     ratio "shm_store pool/off" shm_store shm_store_nopool
     ratio "shm_retr pool/off" shm_retrieve shm_retr_nopool

@@ -10,9 +10,13 @@
  * prints GB/s, minor page faults per phase (this process, and the server's with --server-pid),
  * lookup latency percentiles (of the throughput prompts, and of 4- and 128-chunk prompts of small
  * objects) and a single-thread memcpy reference of the same run (bench_server_tp.c).
- * echo: the floor under every data-plane number: a bare ZMQ DEALER/ROUTER echo over loopback tcp
- * or ipc of --echo-mib messages (the server thread, in a ZMQ context of its own, sends back the
- * very message it received), the transport alone without msgpack, L1 or shared memory. */
+ * echo: the floor under every data-plane number: a bare ZMQ DEALER/ROUTER exchange over loopback
+ * tcp or ipc of --echo-mib messages, the transport alone without msgpack, L1 or shared memory. The
+ * server thread, in a ZMQ context of its own, either sends back the very message it received
+ * (--echo-shape echo: the payload crosses twice per round trip), or answers an 8-byte reply to
+ * a full-size message (send: the shape of a store), or a full-size message to an 8-byte request
+ * (fetch: the shape of a retrieve). Full-size messages are sent without a copy
+ * (zmq_msg_init_data), the most the transport can do with a buffer the sender already holds. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stddef.h>
@@ -78,6 +82,9 @@ static const struct option_row {
     O("--endpoint", OPT_STR, endpoint,
       "full ZMQ endpoint of the server, e.g. ipc:///run/lmcache.sock (instead of --host/--port)"),
     O("--echo-endpoint", OPT_STR, echo_endpoint, "echo: tcp (loopback) | ipc (Unix socket)"),
+    O("--echo-shape", OPT_STR, echo_shape,
+      "echo: echo (the message back) | send (full size up, 8 bytes back) | fetch (8 bytes up, "
+      "full size back)"),
     O("--server-pid", OPT_INT, server_pid,
       "throughput: pid of the server; its minor page faults are printed per phase (from "
       "/proc/PID/stat)"),
@@ -614,9 +621,36 @@ out:
     return bad ? 1 : 0;
 }
 
-/* echo: the ROUTER side, in a thread of its own: returns every message to its sender. */
+enum echo_shape { ECHO_BACK, ECHO_SEND, ECHO_FETCH };
+
+struct echo_side {
+    void *sock;
+    enum echo_shape shape;
+    unsigned char *buf; /* fetch: what every reply carries */
+    size_t n;
+};
+
+static void no_free(void *data, void *hint) {
+    (void)data;
+    (void)hint;
+}
+
+/* A message of n bytes of buf, sent from buf itself (it outlives every send). */
+static int send_whole(void *sock, unsigned char *buf, size_t n, int flags) {
+    zmq_msg_t m;
+    if (zmq_msg_init_data(&m, buf, n, no_free, NULL) != 0) return -1;
+    if (zmq_msg_send(&m, sock, flags) < 0) {
+        zmq_msg_close(&m);
+        return -1;
+    }
+    return 0;
+}
+
+/* echo: the ROUTER side, in a thread of its own: answers every message in the run's shape; an
+ * empty message is answered in kind and ends the thread. */
 static void *echo_router(void *arg) {
-    void *sock = arg;
+    struct echo_side *es = arg;
+    void *sock = es->sock;
     for (;;) {
         zmq_msg_t id, body;
         zmq_msg_init(&id);
@@ -626,18 +660,27 @@ static void *echo_router(void *arg) {
             zmq_msg_close(&body);
             return NULL; /* the context was shut down */
         }
-        int stop = zmq_msg_size(&body) == 0;
-        if (zmq_msg_send(&id, sock, ZMQ_SNDMORE) < 0 || zmq_msg_send(&body, sock, 0) < 0) {
+        int stop = zmq_msg_size(&body) == 0, sent;
+        if (zmq_msg_send(&id, sock, ZMQ_SNDMORE) < 0) {
             zmq_msg_close(&id);
             zmq_msg_close(&body);
             return NULL;
         }
-        if (stop) return NULL;
+        if (stop || es->shape == ECHO_BACK) {
+            sent = zmq_msg_send(&body, sock, 0) >= 0;
+            if (!sent) zmq_msg_close(&body);
+        } else {
+            zmq_msg_close(&body);
+            sent = es->shape == ECHO_SEND ? zmq_send(sock, "stored!!", 8, 0) >= 0
+                                          : send_whole(sock, es->buf, es->n, 0) == 0;
+        }
+        if (!sent || stop) return NULL;
     }
 }
 
-/* GB/s of one DEALER sending a message of o->echo_mib MiB and receiving it back, round trip
- * after round trip (bytes counted once per round trip, as a store or retrieve counts them). */
+/* GB/s of one DEALER exchanging messages of o->echo_mib MiB with the ROUTER thread in the shape
+ * of --echo-shape, round trip after round trip (bytes counted once per round trip, as a store or
+ * retrieve counts them). */
 static int run_echo(const struct opts *o) {
     size_t n = (size_t)o->echo_mib * MiB;
     int rounds = o->rounds * 8, rc = 1;
@@ -646,12 +689,24 @@ static int run_echo(const struct opts *o) {
         fprintf(stderr, "lmcache bench server: --echo-mib must be 1..1024\n");
         return 2;
     }
+    const char *shape = o->echo_shape ? o->echo_shape : "echo";
+    struct echo_side es = {.n = n};
+    if (!strcmp(shape, "echo"))
+        es.shape = ECHO_BACK;
+    else if (!strcmp(shape, "send"))
+        es.shape = ECHO_SEND;
+    else if (!strcmp(shape, "fetch"))
+        es.shape = ECHO_FETCH;
+    else {
+        fprintf(stderr, "lmcache bench server: --echo-shape must be echo, send or fetch\n");
+        return 2;
+    }
     /* Two contexts, as two processes would have: each side gets its own I/O thread. */
     void *ctx = zmq_ctx_new(), *sctx = zmq_ctx_new();
     void *router = ctx && sctx ? zmq_socket(sctx, ZMQ_ROUTER) : NULL;
     void *dealer = router ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
     char ep[300], ipc_dir[64] = "";
-    size_t eplen = sizeof(ep);
+    size_t eplen = sizeof(ep), want = es.shape == ECHO_SEND ? 8 : n;
     unsigned char *buf = malloc(n);
     pthread_t th;
     int th_started = 0, zero = 0, ipc = o->echo_endpoint && !strcmp(o->echo_endpoint, "ipc");
@@ -662,6 +717,8 @@ static int run_echo(const struct opts *o) {
     }
     if (!buf || !router || !dealer) goto out;
     bsrv_fill_random(buf, n, (uint64_t)o->seed);
+    es.sock = router;
+    es.buf = buf;
     zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof(zero));
     if (ipc) {
@@ -676,15 +733,17 @@ static int run_echo(const struct opts *o) {
                zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &eplen) != 0 ||
                zmq_connect(dealer, ep) != 0)
         goto out;
-    if (pthread_create(&th, NULL, echo_router, router) != 0) goto out;
+    if (pthread_create(&th, NULL, echo_router, &es) != 0) goto out;
     th_started = 1;
     double ref_before = bench_memcpy_gbps(0, 1.0), t0 = 0;
     for (int i = -2; i < rounds; i++) { /* two untimed round trips set the connection up */
         if (i == 0) t0 = clock_mono();
         zmq_msg_t m;
-        if (zmq_send(dealer, buf, n, 0) < 0) goto out;
+        int sent = es.shape == ECHO_FETCH ? zmq_send(dealer, "retrieve", 8, 0) >= 0
+                                          : send_whole(dealer, buf, n, 0) == 0;
+        if (!sent) goto out;
         zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, dealer, 0) != (int)n) {
+        if (zmq_msg_recv(&m, dealer, 0) != (int)want) {
             zmq_msg_close(&m);
             goto out;
         }
@@ -697,8 +756,10 @@ static int run_echo(const struct opts *o) {
     printf("memcpy reference (1 thread, 64 MiB buffers): %.2f GB/s before, %.2f GB/s after\n",
            ref_before, ref_after);
     printf("%-15s %8.2f GB/s  (%d round trips of %d MiB over %s in %.3f s, %.0f%% of memcpy)\n",
-           "zmq echo", g, rounds, o->echo_mib, ipc ? "ipc" : "tcp", secs,
-           ref > 0 ? 100.0 * g / ref : 0.0);
+           es.shape == ECHO_BACK   ? "zmq echo"
+           : es.shape == ECHO_SEND ? "zmq send"
+                                   : "zmq fetch",
+           g, rounds, o->echo_mib, ipc ? "ipc" : "tcp", secs, ref > 0 ? 100.0 * g / ref : 0.0);
     rc = 0;
 out:
     if (rc == 1)
@@ -747,6 +808,7 @@ int bench_server_main(int argc, char **argv) {
                      .echo_mib = 32,
                      .endpoint = NULL,
                      .echo_endpoint = "tcp",
+                     .echo_shape = "echo",
                      .server_pid = 0,
                      .lookup_samples = 200,
                      .malloc_tuning = 1};

@@ -33,6 +33,7 @@ struct opts {
     int echo_mib;   /* echo: message size */
     const char *endpoint; /* full ZMQ endpoint of the server (ipc://...); overrides host/port */
     const char *echo_endpoint; /* echo: tcp | ipc */
+    const char *echo_shape;    /* echo: echo | send | fetch */
     int server_pid;            /* > 0: page faults of that process are printed per phase */
     int lookup_samples;        /* throughput: lookups per size in the lookup-latency phase */
     int malloc_tuning;         /* the server's malloc set-up in this process too */

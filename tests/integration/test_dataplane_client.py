@@ -245,9 +245,13 @@ def test_bench_prints_lookup_latency_and_faults(make_server):
     _faults(r.stdout, "store (shm)")
 
 
-def test_bench_echo_over_tcp_and_ipc():
+def test_bench_echo_over_tcp_and_ipc_in_every_shape():
     for ep in ("tcp", "ipc"):
-        r = run([BIN, "bench", "server", "--mode", "echo", "--echo-mib", "1", "--rounds", "1",
-                 "--echo-endpoint", ep])
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert re.search(r"zmq echo .* GB/s .*over " + ep, r.stdout), r.stdout
+        for shape in ("echo", "send", "fetch"):
+            r = run([BIN, "bench", "server", "--mode", "echo", "--echo-mib", "1", "--rounds", "1",
+                     "--echo-endpoint", ep, "--echo-shape", shape])
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert re.search(r"zmq %s .* GB/s\s+\(\d+ round trips of 1 MiB over %s" % (shape, ep),
+                             r.stdout), r.stdout
+    r = run([BIN, "bench", "server", "--mode", "echo", "--echo-shape", "sideways"])
+    assert r.returncode == 2 and "--echo-shape must be" in r.stderr, r.stdout + r.stderr
