@@ -275,6 +275,10 @@ class Master:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.stdout, self.stderr = self.proc.communicate()
+        # Under a ThreadSanitizer build a report makes the master exit 66; many tests stop
+        # their masters through `with` without looking at the exit code, so fail here.
+        if "WARNING: ThreadSanitizer" in (self.stderr or ""):
+            raise AssertionError("ThreadSanitizer report from the master:\n" + self.stderr)
         return self.proc.returncode
 
     def __enter__(self):
