@@ -75,8 +75,9 @@ static const struct option_row {
     O("--seed", OPT_LL, seed, "token-id and data seed (default: from the clock, printed)"),
     O("--no-bytes", OPT_FLAG_OFF, bytes_path, "throughput: skip store_bytes/retrieve_bytes"),
     O("--warmup", OPT_FLAG_ON, warmup,
-      "throughput: untimed store pass then `clear` (empties L1!), so the timed store finds the "
-      "server's mappings and L1 pages already touched"),
+      "throughput: untimed store pass (and three store_bytes/retrieve_bytes of each kind) then "
+      "`clear` (empties L1!), so the timed phases find the server's mappings, L1 pages and both "
+      "sides' message buffers already touched"),
     O("--echo-mib", OPT_INT, echo_mib,
       "echo: message size in MiB (--rounds x 8 round trips, at least 512 MiB)"),
     O("--endpoint", OPT_STR, endpoint,

@@ -761,8 +761,8 @@ void dataplane_tune_malloc(const struct server_config *cfg) {
      * 64 MiB) with a fresh mmap and unmaps them on free, so every byte of every large message
      * was a page fault plus zeroing by the kernel, which took most of the bytes path's time on
      * virtual machines (docs/benchmarks.md). One arena that grows with brk and keeps freed
-     * memory at its top (--worker-queue-mb, raised to twice the largest message seen) lets the
-     * next message reuse the pages. */
+     * memory at its top (--worker-queue-mb, raised to three times the largest message seen) lets
+     * the next message reuse the pages. */
     long mb = cfg->worker_queue_mb > 0 ? cfg->worker_queue_mb : 1;
     size_t keep = mb >= (long)(INT_MAX >> 20) ? (size_t)INT_MAX : (size_t)mb << 20;
     (void)mallopt(M_ARENA_MAX, 1);
@@ -773,13 +773,18 @@ void dataplane_tune_malloc(const struct server_config *cfg) {
 #endif
 }
 
-/* A message of n bytes was received or built: keep room for two of them (a request and its
- * reply) when the heap shrinks, so the next one of that size faults in no fresh pages. */
+/* A message of n bytes was received or built: keep room for it and the one before it (libzmq
+ * allocates a request's buffer before the previous request's is freed; a reply is built while
+ * the previous one may still be in flight) when the heap shrinks, so the next one of that size
+ * faults in no fresh pages. glibc trims the whole free top once it is over the threshold, and
+ * with both messages free the top is two of them plus the small allocations between: hence
+ * three, not two (two let the top go after every burst, and the first messages of the next
+ * one faulted in 256 MiB afresh; docs/benchmarks.md). */
 static pthread_mutex_t malloc_keep_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void malloc_keep_for(size_t n) {
 #ifdef __GLIBC__
-    size_t want = n > (size_t)INT_MAX / 2 ? (size_t)INT_MAX : 2 * n;
+    size_t want = n > (size_t)INT_MAX / 3 ? (size_t)INT_MAX : 3 * n;
     size_t cur = atomic_load_explicit(&malloc_keep, memory_order_relaxed);
     if (!cur || want <= cur) return; /* the common case: no lock */
     pthread_mutex_lock(&malloc_keep_mu);
