@@ -16,7 +16,8 @@
 #     touch of L1 and of the registered shared memory, with page-fault counts), and the lookup
 #     latency of 4- and 128-chunk prompts;
 #   - `lmcache bench server --mode echo`: a bare ZMQ DEALER/ROUTER exchange of messages of the
-#     same size over loopback tcp and over ipc (the transport alone), in three shapes: the echo
+#     size of a store's request and a retrieve's reply (the 8 chunks of a prompt: 8, 16 and
+#     256 MiB) over loopback tcp and over ipc (the transport alone), in three shapes: the echo
 #     (the message sent back: it crosses twice per round trip), send (the message up, 8 bytes
 #     back: a store's shape) and fetch (8 bytes up, the message back: a retrieve's shape); the
 #     store rows are compared with send and the retrieve rows with fetch;
@@ -89,6 +90,7 @@ redis_gbs() { # $1 set|get, $2 bytes
     awk -v r="$rps" -v b="$2" 'BEGIN{printf "%.2f", r*b/1e9}'
 }
 
+CHUNKS=8 # chunks per request: --prompt-tokens 2048 in 256-token chunks
 tp() { # $1 output file, then extra options
     local out=$1; shift
     ./build/lmcache bench server --mode throughput --port "$ZMQ" --http-port "$HTTP" \
@@ -131,12 +133,12 @@ for mib in $SIZES; do
             --block-order block_major --no-bytes --instance-base 2000 "$@"
         start_server
     fi
-    tp "$TMP/ipc.$mib" --layers "$mib" --prompts "$prompts" --lookup-samples 0 \
+    tp "$TMP/ipc.$mib" --layers "$mib" --prompts "$prompts" --warmup --lookup-samples 0 \
         --endpoint "ipc://$IPC" --instance-base 3000 "$@"
     for shape in echo send fetch; do
         for ep in tcp ipc; do
             f=$shape; [ "$ep" = ipc ] && f=${shape}ipc
-            ./build/lmcache bench server --mode echo --echo-mib "$mib" --rounds 3 --echo-endpoint "$ep" \
+            ./build/lmcache bench server --mode echo --echo-mib "$((mib * CHUNKS))" --rounds 3 --echo-endpoint "$ep" \
                 --echo-shape "$shape" >"$TMP/$f.$mib" 2>&1 || { cat "$TMP/$f.$mib"; exit 1; }
         done
     done
