@@ -195,8 +195,8 @@ int server_main(int argc, char **argv) {
     sigwait(&set, &sig);
     log_info(lg, "received %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     sd_notify_send("STOPPING=1");
-    /* Front ends first (admin API quiesced, master told we are gone, data socket drained), then
-     * the engine. */
+    /* Front ends first (admin API answering 503, master told we are gone, data socket drained),
+     * then the engine. */
     admin_stop(admin, 5.0);
     engine_set_ready(&engine, 0);
     reporter_stop(reporter); /* routers stop sending requests here first: unregister */

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import select
+import signal
 import socket
 import stat
 import subprocess
@@ -205,6 +206,31 @@ def test_shutdown_answers_queued_requests_and_waits_for_running_ones(make_server
         t.join(60)
     assert sorted(o[0] for o in out) == [200, 503], out
     assert "server shutting down" in [o for o in out if o[0] == 503][0][2]
+
+
+def test_requests_during_shutdown_get_503_and_the_server_exits_cleanly(make_server):
+    """While a running request holds the shutdown, new requests are answered 503 (the listening
+    socket stays open until libmicrohttpd stops), and the process exits 0."""
+    s = make_server(slow_script_args() + ["--admin-workers", "2"])
+    out = []
+    t = threading.Thread(target=post_script, args=(s.url, 4, out))
+    t.start()
+    wait_pool(s, 1, 0)
+    s.proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + 20
+    seen = None
+    while time.time() < deadline and seen is None:
+        try:
+            r = requests.get(s.url + "/healthcheck", timeout=5)
+        except requests.RequestException:
+            break  # already stopped: the running request was quicker than this loop
+        if r.status_code == 503:
+            seen = r.json()
+        time.sleep(0.05)
+    assert seen == {"detail": "server shutting down"}, seen
+    t.join(60)
+    assert [o[0] for o in out] == [200], out
+    assert s.stop() == 0, s.output()
 
 
 @pytest.mark.parametrize("head", [

@@ -220,6 +220,7 @@ struct admin {
     struct engine *e;
     struct metric_family *requests, *duration, *dropped;
     _Atomic int inflight; /* requests between their first byte and their completion */
+    _Atomic int closing;  /* admin_stop has begun: new requests are answered 503 */
 
     int token_set, protect_metrics;
     unsigned char token_digest[32];
@@ -611,6 +612,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         ctx->conn = conn;
         *con_cls = ctx;
         atomic_fetch_add(&a->inflight, 1);
+        if (atomic_load(&a->closing)) {
+            http_error(&ctx->resp, 503, "detail", "server shutting down");
+            return respond(a, ctx, method, url);
+        }
         ctx->route = http_match(method, url, ctx->params, &ctx->nparams, &ctx->path_matched,
                                 ctx->allow, sizeof(ctx->allow));
         if (needs_token(a, ctx->route)) {
@@ -1045,10 +1050,12 @@ struct admin *admin_start(struct engine *e, const struct admin_options *o, char 
 
 void admin_stop(struct admin *a, double timeout_s) {
     if (!a) return;
-    /* No new connections from here on. libmicrohttpd's threads may still use the listening
-     * socket until MHD_stop_daemon returns (its documentation says so, and ThreadSanitizer saw
-     * an epoll_ctl on it racing with an early close): it is closed after that. */
-    MHD_socket s = MHD_quiesce_daemon(a->d);
+    /* New requests are answered 503 from here on; the listening socket stays libmicrohttpd's
+     * until MHD_stop_daemon closes it. Not MHD_quiesce_daemon: with the epoll thread it takes
+     * the listening socket out of the epoll set from this thread while the epoll thread, seeing
+     * the daemon quiesced, may do the same, and the loser's failed epoll_ctl aborts the process
+     * ("Failed to remove listen FD from epoll set", libmicrohttpd 0.9.75). */
+    atomic_store(&a->closing, 1);
     double deadline = clock_mono() + timeout_s;
     /* Idle keep-alive connections are not waited for, only requests in flight. */
     while (atomic_load(&a->inflight) > 0 && clock_mono() < deadline) usleep(10 * 1000);
@@ -1056,6 +1063,5 @@ void admin_stop(struct admin *a, double timeout_s) {
      * workers answer what is still queued and finish what they run. */
     stop_threads(a);
     MHD_stop_daemon(a->d);
-    if (s != MHD_INVALID_SOCKET) close(s);
     admin_free(a);
 }
