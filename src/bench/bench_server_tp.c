@@ -161,9 +161,9 @@ static void *worker_main(void *arg) {
             }
             lmc_reply_free(rep);
         }
-        /* Plain stores last: the server keeps freed message memory up to twice the largest
-         * message (glibc then trims the whole free top), so the buffers of the timed phase's
-         * first kind, store_bytes, are the ones left in its heap. */
+        /* Plain stores last: the server keeps freed message memory up to three times the
+         * largest message (glibc then trims the whole free top), so the buffers of the timed
+         * phase's first kind, store_bytes, are the ones left in its heap. */
         for (int p = 0; p < o->prompts && p < 2 && !w->failed && o->bytes_path; p++) {
             lmc_chunks ch = {.token_ids = toks + (size_t)p * ntok,
                              .num_tokens = ntok,
