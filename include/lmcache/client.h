@@ -93,6 +93,13 @@ LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_c
 /* Closes the socket; replies still in flight are dropped. NULL is a no-op. */
 LMC_API void lmc_client_close(lmc_client *c);
 LMC_API void lmc_client_set_timeout(lmc_client *c, int timeout_ms);
+/* Request buffers of 1 MiB and more (a store_bytes request without chunk frames) are kept once
+ * libzmq has sent them, and reused by the next request that fits: under glibc's default malloc a
+ * fresh buffer of that size is a fresh mmap, a page fault per 4 KiB (docs/client.md). At most 8
+ * buffers and `bytes` in all (default 1 GiB) are kept; 0 keeps none and frees those kept. */
+LMC_API void lmc_client_set_keep_bytes(lmc_client *c, size_t bytes);
+/* Bytes of request buffers kept now. */
+LMC_API size_t lmc_client_kept_bytes(lmc_client *c);
 
 /* ---- naming chunks ---------------------------------------------------------------------- */
 

@@ -23,6 +23,11 @@
 #define DEFAULT_CONNECT_MS   5000
 #define MAX_ABANDONED        64
 #define MAX_REQUEST_ID_BYTES 24
+/* Request buffers kept for reuse (lmc_client_set_keep_bytes): only those of at least
+ * KEEP_MIN_BYTES, at most KEEP_MAX_BUFFERS of them, KEEP_DEFAULT_BYTES in all by default. */
+#define KEEP_MIN_BYTES     ((size_t)1 << 20)
+#define KEEP_MAX_BUFFERS   8
+#define KEEP_DEFAULT_BYTES ((size_t)1 << 30)
 
 /* ---- replies ----------------------------------------------------------------------------- */
 
@@ -171,10 +176,25 @@ struct lmc_client {
     int connect_ms;
     bool curve;
     char curve_keys[3 * 40]; /* server, public, secret: 40 Z85 characters each */
-    /* Chunk frames libzmq still holds (the caller's buffers): released by zc_release. */
+    /* Chunk frames and kept request buffers libzmq still holds: released by zc_release and
+     * keep_release (libzmq's I/O thread), which the lock orders with the caller's thread. */
     pthread_mutex_t zc_lock;
     pthread_cond_t zc_cond;
     size_t zc_held;
+    /* Freed large request buffers, kept for the next large request (under zc_lock): a fresh
+     * allocation of that size is a fresh mmap under glibc's defaults, one page fault and a zeroed
+     * page per 4 KiB (docs/client.md). */
+    struct kept {
+        char *p;
+        size_t cap;
+    } keep[KEEP_MAX_BUFFERS];
+    size_t nkeep, kept_bytes, keep_limit;
+};
+
+/* libzmq's hint for a kept buffer: whose, and its capacity. */
+struct keep_hint {
+    lmc_client *c;
+    size_t cap;
 };
 
 /* Opens c->sock and connects it to c->endpoint; 0, or -1 with zmq_errno set and no socket. */
@@ -247,6 +267,7 @@ LMC_API lmc_status lmc_client_connect_endpoint(const char *endpoint, const lmc_c
         for (int i = 0; i < 3; i++) memcpy(c->curve_keys + 40 * i, keys[i], 40);
     }
     if (open_socket(c) != 0) goto zfail;
+    c->keep_limit = KEEP_DEFAULT_BYTES;
     pthread_mutex_init(&c->zc_lock, NULL);
     pthread_cond_init(&c->zc_cond, NULL);
     *out = c;
@@ -283,7 +304,8 @@ LMC_API void lmc_client_close(lmc_client *c) {
         lmc_reply_free(r);
     }
     zmq_close(c->sock);
-    zmq_ctx_term(c->zctx); /* every chunk frame is released by now */
+    zmq_ctx_term(c->zctx); /* every chunk frame and request buffer is released by now */
+    for (size_t i = 0; i < c->nkeep; i++) free(c->keep[i].p);
     pthread_cond_destroy(&c->zc_cond);
     pthread_mutex_destroy(&c->zc_lock);
     explicit_bzero(c->curve_keys, sizeof(c->curve_keys));
@@ -303,6 +325,83 @@ static void free_cb(void *data, void *hint) {
     free(data);
 }
 
+LMC_API void lmc_client_set_keep_bytes(lmc_client *c, size_t bytes) {
+    if (!c) return;
+    struct kept drop[KEEP_MAX_BUFFERS];
+    size_t ndrop = 0;
+    pthread_mutex_lock(&c->zc_lock);
+    c->keep_limit = bytes;
+    while (c->nkeep && c->kept_bytes > bytes) { /* the largest go first */
+        size_t big = 0;
+        for (size_t i = 1; i < c->nkeep; i++)
+            if (c->keep[i].cap > c->keep[big].cap) big = i;
+        drop[ndrop++] = c->keep[big];
+        c->kept_bytes -= c->keep[big].cap;
+        c->keep[big] = c->keep[--c->nkeep];
+    }
+    pthread_mutex_unlock(&c->zc_lock);
+    for (size_t i = 0; i < ndrop; i++) free(drop[i].p);
+}
+
+LMC_API size_t lmc_client_kept_bytes(lmc_client *c) {
+    if (!c) return 0;
+    pthread_mutex_lock(&c->zc_lock);
+    size_t n = c->kept_bytes;
+    pthread_mutex_unlock(&c->zc_lock);
+    return n;
+}
+
+/* A kept buffer of at least `need` bytes (the smallest that fits), or NULL. */
+static char *keep_take(lmc_client *c, size_t need, size_t *cap) {
+    char *p = NULL;
+    pthread_mutex_lock(&c->zc_lock);
+    size_t best = c->nkeep;
+    for (size_t i = 0; i < c->nkeep; i++)
+        if (c->keep[i].cap >= need && (best == c->nkeep || c->keep[i].cap < c->keep[best].cap))
+            best = i;
+    if (best < c->nkeep) {
+        p = c->keep[best].p;
+        *cap = c->keep[best].cap;
+        c->kept_bytes -= *cap;
+        c->keep[best] = c->keep[--c->nkeep];
+    }
+    pthread_mutex_unlock(&c->zc_lock);
+    return p;
+}
+
+/* libzmq is done with a large request buffer: kept for the next one when it fits within the
+ * limit (smaller kept buffers make room for it), freed otherwise. */
+static void keep_release(void *data, void *hint) {
+    struct keep_hint *h = hint;
+    lmc_client *c = h->c;
+    size_t cap = h->cap;
+    free(h);
+    struct kept drop[KEEP_MAX_BUFFERS + 1];
+    size_t ndrop = 0;
+    pthread_mutex_lock(&c->zc_lock);
+    if (cap <= c->keep_limit) {
+        while (c->nkeep == KEEP_MAX_BUFFERS || c->kept_bytes + cap > c->keep_limit) {
+            size_t small = 0;
+            for (size_t i = 1; i < c->nkeep; i++)
+                if (c->keep[i].cap < c->keep[small].cap) small = i;
+            if (!c->nkeep || c->keep[small].cap > cap) break;
+            drop[ndrop++] = c->keep[small];
+            c->kept_bytes -= c->keep[small].cap;
+            c->keep[small] = c->keep[--c->nkeep];
+        }
+    }
+    if (cap <= c->keep_limit && c->nkeep < KEEP_MAX_BUFFERS &&
+        c->kept_bytes + cap <= c->keep_limit) {
+        c->keep[c->nkeep++] = (struct kept){data, cap};
+        c->kept_bytes += cap;
+    } else {
+        drop[ndrop++] = (struct kept){data, cap};
+    }
+    if (--c->zc_held == 0) pthread_cond_broadcast(&c->zc_cond);
+    pthread_mutex_unlock(&c->zc_lock);
+    for (size_t i = 0; i < ndrop; i++) free(drop[i].p);
+}
+
 /* Releases one chunk frame: libzmq is done with the caller's buffer. */
 static void zc_release(void *data, void *hint) {
     (void)data;
@@ -312,12 +411,12 @@ static void zc_release(void *data, void *hint) {
     pthread_mutex_unlock(&c->zc_lock);
 }
 
-/* Sends [id][op][payload][frame 0..nframes); takes ownership of `payload` (malloc'ed, freed by
- * ZMQ after sending, or here on failure). The frames are sent from the caller's buffers, which
- * libzmq holds until zc_release. */
+/* Sends [id][op][payload][frame 0..nframes); takes ownership of `payload` (malloc'ed, `cap`
+ * bytes; freed by ZMQ after sending, or here on failure; kept for reuse when large). The frames
+ * are sent from the caller's buffers, which libzmq holds until zc_release. */
 static lmc_status send_frames_ex(lmc_client *c, const char *op, char *payload, size_t len,
-                                 const void *const *frames, const size_t *lens, size_t nframes,
-                                 lmc_req_id *id, lmc_error *err) {
+                                 size_t cap, const void *const *frames, const size_t *lens,
+                                 size_t nframes, lmc_req_id *id, lmc_error *err) {
     char idbuf[MAX_REQUEST_ID_BYTES];
     uint64_t rid = c->next_id++;
     int idn = snprintf(idbuf, sizeof(idbuf), "%llu", (unsigned long long)rid);
@@ -328,7 +427,18 @@ static lmc_status send_frames_ex(lmc_client *c, const char *op, char *payload, s
         lmcc_set_error(err, LMC_ERR_TRANSPORT, "send %s: the connection could not be reopened", op);
         return LMC_ERR_TRANSPORT;
     }
-    if (payload && len) {
+    struct keep_hint *kh = NULL;
+    if (payload && len >= KEEP_MIN_BYTES && cap >= len && (kh = malloc(sizeof(*kh)))) {
+        *kh = (struct keep_hint){c, cap};
+        pthread_mutex_lock(&c->zc_lock);
+        c->zc_held++;
+        pthread_mutex_unlock(&c->zc_lock);
+        rc = zmq_msg_init_data(&body, payload, len, keep_release, kh);
+        if (rc != 0) {
+            free(kh);
+            zc_release(NULL, c); /* not taken: libzmq never calls keep_release */
+        }
+    } else if (payload && len) {
         rc = zmq_msg_init_data(&body, payload, len, free_cb, NULL);
     } else {
         free(payload);
@@ -373,7 +483,7 @@ static lmc_status send_frames_ex(lmc_client *c, const char *op, char *payload, s
 
 static lmc_status send_frames(lmc_client *c, const char *op, char *payload, size_t len,
                               lmc_req_id *id, lmc_error *err) {
-    return send_frames_ex(c, op, payload, len, NULL, NULL, 0, id, err);
+    return send_frames_ex(c, op, payload, len, len, NULL, NULL, 0, id, err);
 }
 
 /* Gets the caller's buffers back from libzmq after a store with chunk frames failed without a
@@ -399,10 +509,10 @@ static lmc_status send_map_frames(lmc_client *c, const char *op, struct lmcc_map
         lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory encoding %s", op);
         return LMC_ERR_NO_MEMORY;
     }
-    size_t len = m->buf.size;
+    size_t len = m->buf.size, cap = m->buf.alloc;
     char *data = msgpack_sbuffer_release(&m->buf);
     lmcc_map_destroy(m);
-    return send_frames_ex(c, op, data, len, frames, lens, nframes, id, err);
+    return send_frames_ex(c, op, data, len, cap, frames, lens, nframes, id, err);
 }
 
 lmc_status lmcc_send_map(lmc_client *c, const char *op, struct lmcc_map *m, lmc_req_id *id,
@@ -719,6 +829,11 @@ LMC_API lmc_status lmc_send_store_bytes_ex(lmc_client *c, const char *model_name
         fields += ch->num_tokens * 5 + ch->num_chunk_hashes * (ch->hash_len + 2);
         if (ch->cache_salt) fields += strlen(ch->cache_salt);
     }
+    size_t cap = 0;
+    char *kept = total + fields >= total && total + fields >= KEEP_MIN_BYTES
+                     ? keep_take(c, m.buf.size + total + fields, &cap)
+                     : NULL;
+    if (kept) lmcc_map_adopt(&m, kept, cap); /* a freed request buffer of this size, reused */
     if (total + fields < total || lmcc_map_reserve(&m, total + fields) != 0) {
         lmcc_map_destroy(&m);
         lmcc_set_error(err, LMC_ERR_NO_MEMORY, "out of memory for a %zu-byte payload", total);

@@ -96,6 +96,13 @@ int lmcc_map_reserve(struct lmcc_map *m, size_t extra) {
     return 0;
 }
 
+void lmcc_map_adopt(struct lmcc_map *m, char *buf, size_t cap) {
+    if (m->buf.size) memcpy(buf, m->buf.data, m->buf.size);
+    free(m->buf.data);
+    m->buf.data = buf;
+    m->buf.alloc = cap;
+}
+
 void lmcc_put_key(struct lmcc_map *m, const char *key) {
     size_t n = strlen(key);
     if (msgpack_pack_str(&m->pk, n) != 0 || msgpack_pack_str_body(&m->pk, key, n) != 0)

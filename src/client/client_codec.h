@@ -24,6 +24,9 @@ void lmcc_map_destroy(struct lmcc_map *m);
 /* Makes room for `extra` more bytes at once (a large payload then costs one allocation and no
  * regrowth copies). 0, or -1 when out of memory. */
 int lmcc_map_reserve(struct lmcc_map *m, size_t extra);
+/* Moves the bytes written so far into `buf` (malloc'ed, `cap` bytes, at least the size written)
+ * and makes it the map's buffer; the old one is freed. */
+void lmcc_map_adopt(struct lmcc_map *m, char *buf, size_t cap);
 
 /* A key of the map; the caller packs its value next (counted as one field). */
 void lmcc_put_key(struct lmcc_map *m, const char *key);

@@ -4,11 +4,15 @@
  * lmcache_client_smoke HOST PORT frames-reset SERVER_PID: a store with chunk frames that times
  * out (the server is stopped with SIGSTOP meanwhile) gives the caller's buffer back and is
  * never delivered later; the client works again once the server resumes.
+ * lmcache_client_smoke HOST PORT keep-buffers: large store_bytes requests (48 MiB, glibc's
+ * default malloc) reuse the client's kept request buffer: the page faults of each store with the
+ * default keep and with none, and every stored byte read back.
  * Prints one line per step; exit 0 when all pass, 1 otherwise. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "lmcache/client.h"
@@ -98,6 +102,103 @@ static int frames_reset(const char *host, int port, pid_t server) {
     return failures ? 1 : 0;
 }
 
+static long minor_faults(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
+#define KEEP_STORES 4
+#define KEEP_CHUNKS 3
+#define KEEP_CHUNK  (16u << 20)
+
+/* KEEP_STORES stores of KEEP_CHUNKS chunks under `keep` (0: none kept); the minor faults of
+ * each store into faults[], then every chunk read back and compared. */
+static void keep_round(lmc_client *c, size_t keep, unsigned tag, unsigned char **src,
+                       long faults[KEEP_STORES]) {
+    lmc_error e;
+    lmc_client_set_keep_bytes(c, keep);
+    unsigned char h[KEEP_STORES][KEEP_CHUNKS][32];
+    memset(h, 0, sizeof(h));
+    for (int i = 0; i < KEEP_STORES; i++) {
+        for (int k = 0; k < KEEP_CHUNKS; k++) {
+            h[i][k][0] = (unsigned char)tag;
+            h[i][k][1] = (unsigned char)i;
+            h[i][k][2] = (unsigned char)k;
+            fill(src[k], KEEP_CHUNK, tag * 100 + (unsigned)(i * KEEP_CHUNKS + k));
+        }
+        lmc_chunks ch = {
+            .chunk_hashes = h[i][0], .num_chunk_hashes = KEEP_CHUNKS, .hash_len = 32, .end = -1};
+        const void *bufs[KEEP_CHUNKS];
+        size_t lens[KEEP_CHUNKS];
+        for (int k = 0; k < KEEP_CHUNKS; k++) {
+            bufs[k] = src[k];
+            lens[k] = KEEP_CHUNK;
+        }
+        uint64_t stored = 0, skipped = 0;
+        long f0 = minor_faults();
+        lmc_status s = lmc_store_bytes(c, "keep-model", 1, 0, &ch, bufs, lens, KEEP_CHUNKS, &stored,
+                                       &skipped, &e);
+        faults[i] = minor_faults() - f0;
+        check("store_bytes of 48 MiB", s, &e);
+        expect("all chunks stored", stored == KEEP_CHUNKS);
+        printf("keep %zu store %d: %ld minor faults, %zu bytes kept\n", keep, i, faults[i],
+               lmc_client_kept_bytes(c));
+    }
+    int same = 1;
+    for (int i = 0; i < KEEP_STORES; i++) {
+        lmc_chunks ch = {
+            .chunk_hashes = h[i][0], .num_chunk_hashes = KEEP_CHUNKS, .hash_len = 32, .end = -1};
+        lmc_reply *r = NULL;
+        if (lmc_retrieve_bytes(c, "keep-model", 1, 0, &ch, NULL, &r, &e) != LMC_OK) {
+            check("retrieve_bytes", LMC_ERR_TRANSPORT, &e);
+            same = 0;
+            continue;
+        }
+        for (int k = 0; k < KEEP_CHUNKS; k++) {
+            const void *b = NULL;
+            size_t l = 0;
+            fill(src[0], KEEP_CHUNK, tag * 100 + (unsigned)(i * KEEP_CHUNKS + k));
+            if (!lmc_reply_chunk(r, (size_t)k, &b, &l) || l != KEEP_CHUNK ||
+                memcmp(b, src[0], l) != 0)
+                same = 0;
+        }
+        lmc_reply_free(r);
+    }
+    expect("every stored byte reads back", same);
+}
+
+static int keep_buffers(const char *host, int port) {
+    lmc_error e;
+    lmc_client *c;
+    lmc_client_options o = {.timeout_ms = 60000};
+    if (lmc_client_connect(host, port, &o, &c, &e) != LMC_OK) {
+        printf("FAIL connect: %s\n", e.message);
+        return 1;
+    }
+    unsigned char *src[KEEP_CHUNKS];
+    for (int k = 0; k < KEEP_CHUNKS; k++)
+        if (!(src[k] = malloc(KEEP_CHUNK))) return 1;
+    long kept[KEEP_STORES], none[KEEP_STORES];
+    keep_round(c, (size_t)1 << 30, 1, src, kept);
+    expect("the request buffer is kept", lmc_client_kept_bytes(c) >= KEEP_CHUNKS * KEEP_CHUNK);
+    keep_round(c, 0, 2, src, none);
+    expect("none kept at 0", lmc_client_kept_bytes(c) == 0);
+    /* A 48 MiB buffer is 12,288 pages: fresh each time without the keep. */
+    long kmax = 0, nmin = none[1];
+    for (int i = 1; i < KEEP_STORES; i++) {
+        if (kept[i] > kmax) kmax = kept[i];
+        if (none[i] < nmin) nmin = none[i];
+    }
+    printf("later stores: at most %ld faults kept, at least %ld without\n", kmax, nmin);
+    expect("a kept buffer is not faulted in again", kmax < 1000);
+    expect("without the keep each store faults its buffer in", nmin > 6000);
+    for (int k = 0; k < KEEP_CHUNKS; k++) free(src[k]);
+    lmc_client_close(c);
+    printf("%s\n", failures ? "FAILED" : "OK");
+    return failures ? 1 : 0;
+}
+
 /* lmc_lookup_wait alone (for a stand-in server): prints the hit chunks. */
 static int lookup_wait_only(const char *host, int port) {
     lmc_error e;
@@ -121,10 +222,13 @@ static int lookup_wait_only(const char *host, int port) {
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[3], "lookup-wait"))
         return lookup_wait_only(argv[1], atoi(argv[2]));
+    if (argc == 4 && !strcmp(argv[3], "keep-buffers")) return keep_buffers(argv[1], atoi(argv[2]));
     if (argc == 5 && !strcmp(argv[3], "frames-reset"))
         return frames_reset(argv[1], atoi(argv[2]), (pid_t)atoi(argv[4]));
     if (argc != 3) {
-        fprintf(stderr, "usage: %s HOST PORT [frames-reset SERVER_PID]\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s HOST PORT [lookup-wait | keep-buffers | frames-reset SERVER_PID]\n",
+                argv[0]);
         return 2;
     }
     lmc_error e;

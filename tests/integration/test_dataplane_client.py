@@ -48,6 +48,19 @@ def test_store_with_chunk_frames_that_times_out_gives_the_buffer_back(make_serve
     assert r.stdout.strip().endswith("OK")
 
 
+def test_large_store_requests_reuse_the_kept_buffer(make_server):
+    """48 MiB store_bytes requests under glibc's default malloc (every such allocation a fresh
+    mmap): with the client's kept buffers the later stores fault nothing in; with none kept each
+    faults all 12,288 pages of its buffer again. Every stored byte reads back in both cases."""
+    s = make_server(l1_size_gb="1")
+    exe = os.path.join(BUILD, "lmcache_client_smoke")
+    r = run([exe, "127.0.0.1", str(s.zmq_port), "keep-buffers"], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok   a kept buffer is not faulted in again" in r.stdout, r.stdout
+    assert "ok   every stored byte reads back" in r.stdout, r.stdout
+    assert r.stdout.strip().endswith("OK")
+
+
 class OldServer:
     """A stand-in for a server that predates reply_status: lookup answers {ok}, and the status
     comes from query_prefetch_status (pending twice, then ready). Records what it was sent."""
