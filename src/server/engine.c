@@ -75,7 +75,10 @@ int engine_create(struct engine *e, const struct server_config *cfg, char *err, 
     else
         keys_default_seed(e->seed);
     kvreg_init(&e->contexts);
-    session_table_init(&e->sessions);
+    if (session_table_init(&e->sessions) != 0) {
+        errbuf_set(err, errlen, "out of memory");
+        return -1;
+    }
     pthread_mutex_init(&e->l2w_mu, NULL);
     pthread_cond_init(&e->l2w_cv, NULL);
     static const char *const INFO_LABELS[] = {"version", "commit", "instance_id", NULL};

@@ -617,8 +617,8 @@ int engine_lookup(struct engine *e, const uint8_t *owner, const char *rid,
     int rc = ENGINE_OK;
     struct session *s = calloc(1, sizeof(*s));
     if (!s) goto oom;
-    s->objs = calloc((size_t)(nch ? nch : 1) * world_size, sizeof(*s->objs));
-    if (!s->objs) goto oom;
+    /* Exactly what session_put charges: nothing for an empty range. */
+    if (nch && !(s->objs = calloc((size_t)nch * world_size, sizeof(*s->objs)))) goto oom;
     snprintf(s->id, sizeof(s->id), "%s", rid);
     memcpy(s->owner, owner, SESSION_OWNER);
     s->start_chunk = p->start_chunk;

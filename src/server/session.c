@@ -4,16 +4,33 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "base/hash.h"
 
-static uint32_t bucket_of(const uint8_t *owner, const char *id) {
-    return fnv1a32_add(fnv1a32(owner, SESSION_OWNER), id, strlen(id)) % SESSION_BUCKETS;
+/* FNV-1a over the table's random seed, the owner and the id, then mixed (the splitmix64
+ * finalizer) so that the low bits the buckets use depend on every bit. */
+static uint64_t hash_of(const struct session_table *t, const uint8_t *owner, const char *id) {
+    uint64_t h = fnv1a64_add(FNV1A64_INIT, t->seed, sizeof(t->seed));
+    h = fnv1a64_add(fnv1a64_add(h, owner, SESSION_OWNER), id, strlen(id));
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
+}
+
+static uint64_t node_hash(const struct htab_node *n, void *arg) {
+    (void)arg;
+    return HTAB_ENTRY(n, struct session, hn)->hash;
+}
+
+/* Connections, not requests, make owners: a fixed table. */
+static uint32_t owner_bucket(const uint8_t *owner) {
+    return fnv1a32(owner, SESSION_OWNER) % SESSION_BUCKETS;
 }
 
 /* Caller holds t->lock. The owner's record (created when create is set), or NULL. */
 static struct session_owner *do_owner(struct session_table *t, const uint8_t *owner, int create) {
-    uint32_t b = bucket_of(owner, "");
+    uint32_t b = owner_bucket(owner);
     for (struct session_owner *o = t->owners[b]; o; o = o->next)
         if (memcmp(o->owner, owner, SESSION_OWNER) == 0) return o;
     if (!create) return NULL;
@@ -30,7 +47,7 @@ static void do_uncount(struct session_table *t, const struct session *s) {
     t->count--;
     if (!s->job_reported) t->jobs--;
     t->bytes -= s->bytes;
-    uint32_t b = bucket_of(s->owner, "");
+    uint32_t b = owner_bucket(s->owner);
     for (struct session_owner **pp = &t->owners[b]; *pp; pp = &(*pp)->next) {
         struct session_owner *o = *pp;
         if (memcmp(o->owner, s->owner, SESSION_OWNER) != 0) continue;
@@ -43,9 +60,14 @@ static void do_uncount(struct session_table *t, const struct session *s) {
     }
 }
 
-void session_table_init(struct session_table *t) {
+int session_table_init(struct session_table *t) {
     memset(t, 0, sizeof(*t));
+    if (getrandom(t->seed, sizeof(t->seed), 0) != (ssize_t)sizeof(t->seed)) {
+        t->seed[0] = (uint64_t)(uintptr_t)t; /* no entropy: still per process, not per client */
+        t->seed[1] = (uint64_t)(uintptr_t)&t;
+    }
     pthread_mutex_init(&t->lock, NULL);
+    return htab_init(&t->tab, SESSION_BUCKETS, node_hash, NULL);
 }
 
 void session_free(struct session *s) {
@@ -57,14 +79,15 @@ void session_free(struct session *s) {
 struct session *session_table_drain(struct session_table *t) {
     struct session *all = NULL;
     pthread_mutex_lock(&t->lock);
-    for (size_t b = 0; b < SESSION_BUCKETS; b++) {
-        while (t->buckets[b]) {
-            struct session *s = t->buckets[b];
-            t->buckets[b] = s->next;
+    for (size_t b = 0; b < t->tab.nb; b++) {
+        while (t->tab.b[b]) {
+            struct session *s = HTAB_ENTRY(t->tab.b[b], struct session, hn);
+            t->tab.b[b] = s->hn.next;
             s->next = all;
             all = s;
         }
     }
+    t->tab.count = 0;
     for (size_t b = 0; b < SESSION_BUCKETS; b++) {
         while (t->owners[b]) {
             struct session_owner *o = t->owners[b];
@@ -84,28 +107,34 @@ void session_table_destroy(struct session_table *t) {
         session_free(s);
         s = n;
     }
+    htab_fini(&t->tab);
     pthread_mutex_destroy(&t->lock);
 }
 
 /* Caller holds t->lock. Unlinks and returns the session called id, or NULL. */
-static struct session *do_unlink(struct session_table *t, const uint8_t *owner, const char *id) {
-    for (struct session **pp = &t->buckets[bucket_of(owner, id)]; *pp; pp = &(*pp)->next) {
-        if (strcmp((*pp)->id, id) == 0 && memcmp((*pp)->owner, owner, SESSION_OWNER) == 0) {
-            struct session *s = *pp;
-            *pp = s->next;
-            s->next = NULL;
-            do_uncount(t, s);
+static struct session *do_find_h(struct session_table *t, const uint8_t *owner, const char *id,
+                                 uint64_t h) {
+    for (struct htab_node *n = *htab_bucket(&t->tab, h); n; n = n->next) {
+        struct session *s = HTAB_ENTRY(n, struct session, hn);
+        if (s->hash == h && strcmp(s->id, id) == 0 && memcmp(s->owner, owner, SESSION_OWNER) == 0)
             return s;
-        }
     }
     return NULL;
 }
 
 /* Caller holds t->lock. The session called id, or NULL. */
 static struct session *do_find(struct session_table *t, const uint8_t *owner, const char *id) {
-    for (struct session *s = t->buckets[bucket_of(owner, id)]; s; s = s->next)
-        if (strcmp(s->id, id) == 0 && memcmp(s->owner, owner, SESSION_OWNER) == 0) return s;
-    return NULL;
+    return do_find_h(t, owner, id, hash_of(t, owner, id));
+}
+
+/* Caller holds t->lock. Unlinks and returns the session called id, or NULL. */
+static struct session *do_unlink(struct session_table *t, const uint8_t *owner, const char *id) {
+    struct session *s = do_find(t, owner, id);
+    if (!s) return NULL;
+    htab_remove(&t->tab, &s->hn, s->hash);
+    s->next = NULL;
+    do_uncount(t, s);
+    return s;
 }
 
 int session_put(struct session_table *t, struct session *s, size_t max_owner_bytes,
@@ -113,7 +142,8 @@ int session_put(struct session_table *t, struct session *s, size_t max_owner_byt
     s->bytes = sizeof(*s) + (size_t)s->nchunks * s->world_size * sizeof(*s->objs);
     *old = NULL;
     pthread_mutex_lock(&t->lock);
-    struct session *prev = do_find(t, s->owner, s->id);
+    s->hash = hash_of(t, s->owner, s->id);
+    struct session *prev = do_find_h(t, s->owner, s->id, s->hash);
     size_t replaced = prev ? prev->bytes : 0;
     const struct session_owner *known = do_owner(t, s->owner, 0);
     size_t owner_bytes = known ? known->bytes : 0;
@@ -128,9 +158,7 @@ int session_put(struct session_table *t, struct session *s, size_t max_owner_byt
         pthread_mutex_unlock(&t->lock);
         return -1;
     }
-    uint32_t b = bucket_of(s->owner, s->id);
-    s->next = t->buckets[b];
-    t->buckets[b] = s;
+    htab_insert(&t->tab, &s->hn, s->hash);
     t->count++;
     if (!s->job_reported) t->jobs++;
     t->bytes += s->bytes;
@@ -234,16 +262,17 @@ uint64_t session_release_range(struct session_table *t, const uint8_t *owner, co
 struct session *session_expire(struct session_table *t, uint64_t before_ns) {
     struct session *dead = NULL;
     pthread_mutex_lock(&t->lock);
-    for (size_t b = 0; b < SESSION_BUCKETS; b++) {
-        for (struct session **pp = &t->buckets[b]; *pp;) {
-            struct session *s = *pp;
+    for (size_t b = 0; b < t->tab.nb; b++) {
+        for (struct htab_node **pp = &t->tab.b[b]; *pp;) {
+            struct session *s = HTAB_ENTRY(*pp, struct session, hn);
             if (s->created_ns < before_ns) {
-                *pp = s->next;
+                *pp = s->hn.next;
+                t->tab.count--;
                 do_uncount(t, s);
                 s->next = dead;
                 dead = s;
             } else {
-                pp = &s->next;
+                pp = &s->hn.next;
             }
         }
     }

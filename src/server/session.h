@@ -8,11 +8,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/htab.h"
 #include "server/l1/l1.h"
 
 #define SESSION_ID_MAX  256
-#define SESSION_BUCKETS 1024
-#define SESSION_OWNER   32 /* bytes of the key of the connection that opened a session */
+#define SESSION_BUCKETS 1024 /* owner buckets; the session table starts with as many, grows */
+#define SESSION_OWNER   32   /* bytes of the key of the connection that opened a session */
 
 /* One looked-up object and the read locks this session still holds on it. */
 struct session_obj {
@@ -35,9 +36,11 @@ struct session {
     int job_ready;
     uint32_t hit_chunks;
     uint64_t created_ns;
-    uint64_t gen; /* unique per lookup: a late L2 result finds out whether its session is gone */
-    size_t bytes; /* what it holds in memory, counted against its owner's and the table's limit */
-    struct session *next;
+    uint64_t gen;  /* unique per lookup: a late L2 result finds out whether its session is gone */
+    size_t bytes;  /* what it holds in memory, counted against its owner's and the table's limit */
+    uint64_t hash; /* of (owner, id) under the table's seed */
+    struct htab_node hn;  /* in the table */
+    struct session *next; /* in the lists drain and expire hand back */
 };
 
 /* What one connection's sessions hold. */
@@ -50,14 +53,16 @@ struct session_owner {
 
 struct session_table {
     pthread_mutex_t lock;
-    struct session *buckets[SESSION_BUCKETS];
+    struct htab tab;  /* sessions by (owner, id); doubles as it fills */
+    uint64_t seed[2]; /* random per table: request ids are the client's, chains must not be */
     struct session_owner *owners[SESSION_BUCKETS];
     size_t count; /* sessions */
     size_t jobs;  /* prefetch jobs not yet reported */
     size_t bytes; /* held by all sessions */
 };
 
-void session_table_init(struct session_table *t);
+/* 0, or -1 when out of memory. */
+int session_table_init(struct session_table *t);
 /* Frees every session, returning them chained through ->next for the caller to release. */
 struct session *session_table_drain(struct session_table *t);
 void session_table_destroy(struct session_table *t);

@@ -248,3 +248,35 @@ def test_open_lookup_sessions_are_held_to_a_memory_budget(srv):
     r = other.err("lookup", "too_large", request_id="x2", model_name=MODEL, chunk_hashes=h)
     assert "--session-mb" in r["message"]
     assert s.get("/status").json()["active_sessions"] == 6
+
+
+def test_empty_range_lookups_are_charged_what_they_hold(srv):
+    # Regression: a lookup of an empty range with world_size 255 allocated room for 255 objects
+    # while its session was charged for none: 22,795 such lookups (50 bytes each) fit in 8 MiB
+    # of budget and grew the server by 293 MiB. Each session is now charged what it holds, and
+    # the session table grows with its sessions (chains stay short however many there are).
+    s, w = srv("--session-mb-per-client", "4", "--session-mb", "4")
+    rss0 = proc_status(s.proc.pid, "VmRSS")
+    sent = accepted = 0
+    refused = None
+    while refused is None and sent < 200000:
+        for i in range(500):
+            body = msgpack.packb({"request_id": f"e{sent + i}", "model_name": MODEL,
+                                  "world_size": 255, "token_ids": []})
+            w.send([str(sent + i).encode(), b"lookup", body])
+        for i in range(500):
+            reply = w.recv()[2]
+            if reply["ok"]:
+                accepted += 1
+            elif refused is None:
+                refused = reply
+        sent += 500
+    assert refused is not None and refused["code"] == "too_large", refused
+    assert "--session-mb-per-client" in refused["message"]
+    grown = proc_status(s.proc.pid, "VmRSS") - rss0
+    assert accepted > 1000
+    assert grown < 48 << 20, (accepted, grown)
+    # Every accepted session is still there and answers.
+    assert s.get("/status").json()["active_sessions"] == accepted
+    w.ok("end_session", request_id="e0")
+    w.ok("query_prefetch_status", request_id=f"e{accepted - 1}")
