@@ -92,6 +92,8 @@ static void detail_to_error(struct http_resp *resp) {
     json_decref(o);
 }
 
+#define CHECKSUMS_MAX_DIGESTS 262144u /* about 10 MB of answer */
+
 /* POST /cache/checksums: block-centric MD5s of the engine KV cache of a registered instance. */
 static void h_checksums(struct http_req *req, struct http_resp *resp) {
     json_t *body = http_body_object(req, resp, 422, 0);
@@ -128,6 +130,26 @@ static void h_checksums(struct http_req *req, struct http_resp *resp) {
         char msg[96];
         snprintf(msg, sizeof(msg), "instance_id %lld is not registered", (long long)inst);
         http_error(resp, 404, "error", msg);
+        goto out;
+    }
+    /* Work and answer bounded by the cache, not by how often a body repeats an id: at most
+     * num_blocks ids (the whole cache hashed once), at most CHECKSUMS_MAX_DIGESTS digests. */
+    if (n > c->layout.num_blocks) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "block_ids has %zu ids, more than the KV cache's num_blocks (%u)", n,
+                 c->layout.num_blocks);
+        http_error(resp, 400, "error", msg);
+        goto out;
+    }
+    size_t ndig = ((n + cs - 1) / cs) * (jlw && json_is_true(jlw) ? c->layout.num_layers : 1);
+    if (ndig > CHECKSUMS_MAX_DIGESTS) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "the answer would hold %zu checksums, more than %u: ask for fewer blocks, a "
+                 "larger chunk_size, or not layerwise",
+                 ndig, CHECKSUMS_MAX_DIGESTS);
+        http_error(resp, 400, "error", msg);
         goto out;
     }
     ids = malloc(n * sizeof(*ids));
