@@ -88,6 +88,9 @@ enum opt_type {
       "Largest data-plane request payload in MiB")                                                 \
     X(max_reply_mb, "max-reply-mb", OPT_INT, "mp", "0", 0, 65536, NULL, 0,                         \
       "Largest data-plane reply (retrieve_bytes) in MiB; 0: the same as --max-message-mb")         \
+    X(max_unread_reply_mb, "max-unread-reply-mb", OPT_INT, "mp", "1024", 0, 1048576, NULL, 0,      \
+      "Reply bytes one data-plane client may leave unread (built, not yet written to its "         \
+      "connection) before its next requests are refused with too_large; 0: no limit")              \
     X(max_kv_registrations_per_client, "max-kv-registrations-per-client", OPT_INT, "mp", "64", 1,  \
       65536, NULL, 0, "Shared-memory KV caches one data-plane connection may have registered")     \
     X(max_kv_registrations, "max-kv-registrations", OPT_INT, "mp", "1024", 1, 65536, NULL, 0,      \

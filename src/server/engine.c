@@ -247,7 +247,13 @@ static void register_dp_metrics(struct engine *e) {
     m->heap_cuts = metric_series(metrics_counter(
         r, "lmcache_mp_dataplane_heap_cuts_total",
         "Data connections cut because malloc held more than --max-heap-mb while they held the "
-        "most unread bytes (also counted in lmcache_mp_dataplane_connections_cut_total).",
+        "most unread bytes or unread replies (also counted in "
+        "lmcache_mp_dataplane_connections_cut_total).",
+        NULL));
+    m->unread_refusals = metric_series(metrics_counter(
+        r, "lmcache_mp_dataplane_unread_reply_refusals_total",
+        "Requests answered too_large because their client left more than --max-unread-reply-mb "
+        "of replies unread.",
         NULL));
     metrics_gauge_fn(r, "lmcache_mp_heap_bytes",
                      "Bytes malloc holds: requests libzmq buffers, worker queues, replies, indexes "

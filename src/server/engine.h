@@ -36,10 +36,11 @@ struct engine_dp_metrics {
     struct metric_family *lookup_hit_l2;
     struct metric_family *store_gbps, *load_gbps;
     struct metric *stores_submitted, *stores_finished, *retrieves_submitted, *retrieves_finished;
-    struct metric *read_pauses;   /* the data socket stopped reading (backpressure) */
-    struct metric *loop_requests; /* requests the loop thread ran itself (small, worker idle) */
-    struct metric *conns_cut;     /* data connections cut for holding too much in libzmq */
-    struct metric *heap_cuts;     /* ... of them, for the heap limit (--max-heap-mb) */
+    struct metric *read_pauses;     /* the data socket stopped reading (backpressure) */
+    struct metric *loop_requests;   /* requests the loop thread ran itself (small, worker idle) */
+    struct metric *conns_cut;       /* data connections cut for holding too much in libzmq */
+    struct metric *heap_cuts;       /* ... of them, for the heap limit (--max-heap-mb) */
+    struct metric *unread_refusals; /* requests refused: --max-unread-reply-mb */
 };
 
 struct l2ctl;

@@ -181,6 +181,103 @@ def test_empty_frames_are_cut_by_the_heap_limit(srv):
                                chunk_hashes=h)["chunks"] == [b"\x33" * (1 << 20)]
 
 
+def non_reader(port):
+    """A DEALER that sends and does not read: its receive buffers hold almost nothing, so the
+    server's replies stay in the server's libzmq."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock
+
+
+def wait_metric(s, name, at_least, seconds=30):
+    deadline = time.time() + seconds
+    while metric(s, name) < at_least and time.time() < deadline:
+        time.sleep(0.1)
+    return metric(s, name)
+
+
+UNREAD = "lmcache_mp_dataplane_unread_reply_refusals_total"
+
+
+def test_a_client_that_does_not_read_its_replies_is_refused_past_its_bound(srv):
+    # Regression: replies were handed to libzmq and forgotten, so 40 retrieve_bytes requests of
+    # 76 bytes, never read, grew the server by 1.2 GiB (and more requests, by more). A client's
+    # replies still unwritten now count against --max-unread-reply-mb; past it, its requests
+    # are answered too_large without running. Other clients are served throughout.
+    s, w = srv("--max-unread-reply-mb", "64", "--max-heap-mb", "0",
+               "--l1-pinned-reply-ratio", "0", "--l1-prefault=false", l1_size_gb="0.25")
+    h = hashes(1, b"unread")
+    obj = b"\x5a" * (16 << 20)
+    assert w.ok("store_bytes", model_name=MODEL, chunk_hashes=h, chunks=[obj])["stored_chunks"] == 1
+    before = proc_status(s.proc.pid, "VmRSS")
+    flood = non_reader(s.zmq_port)
+    req = msgpack.packb({"model_name": MODEL, "chunk_hashes": h})
+    n = 40
+    try:
+        for i in range(n):
+            flood.send_multipart([str(i).encode(), b"retrieve_bytes", req])
+        assert wait_metric(s, UNREAD, n - 10) >= n - 10
+        grown = proc_status(s.proc.pid, "VmRSS") - before
+        # the bound, the reply over it, one in the making and the kernel's buffers: not 40 x 16
+        assert grown < 200 << 20, grown
+        # another client is served, large replies included
+        assert w.ok("noop")["result"] == "OK"
+        assert Wire(s.zmq_port).ok("retrieve_bytes", model_name=MODEL,
+                                   chunk_hashes=h)["chunks"] == [obj]
+        # the non-reader reads at last: the first replies whole, the rest refused
+        flood.setsockopt(zmq.RCVTIMEO, 20000)
+        ok = refused = 0
+        for i in range(n):
+            frames = flood.recv_multipart()
+            assert frames[0] == str(i).encode()
+            reply = msgpack.unpackb(frames[2])
+            if reply["ok"]:
+                assert reply["chunks"] == [obj]
+                ok += 1
+            else:
+                assert reply["code"] == "too_large"
+                assert "--max-unread-reply-mb (64)" in reply["message"], reply
+                refused += 1
+        assert ok >= 4 and refused >= n - 10 and ok + refused == n
+        # read, it is served again
+        flood.send_multipart([b"again", b"retrieve_bytes", req])
+        frames = flood.recv_multipart()
+        assert msgpack.unpackb(frames[2])["chunks"] == [obj]
+    finally:
+        flood.close(0)
+
+
+def test_unread_replies_count_for_the_heap_bound(srv):
+    # Regression: the heap bound chose among the bytes libzmq received, so replies left unread
+    # pushed the heap over --max-heap-mb and the cut fell on honest clients with large stores in
+    # flight, never on the client that did not read. It is now counted and cut.
+    limit = 256
+    s, w = srv("--max-heap-mb", str(limit), "--max-unread-reply-mb", "0",
+               "--l1-pinned-reply-ratio", "0", "--l1-prefault=false", l1_size_gb="0.25")
+    h = hashes(1, b"unread-heap")
+    obj = b"\x6b" * (16 << 20)
+    assert w.ok("store_bytes", model_name=MODEL, chunk_hashes=h, chunks=[obj])["stored_chunks"] == 1
+    flood = non_reader(s.zmq_port)
+    req = msgpack.packb({"model_name": MODEL, "chunk_hashes": h})
+    try:
+        for i in range(40):
+            flood.send_multipart([str(i).encode(), b"retrieve_bytes", req])
+        assert wait_metric(s, "lmcache_mp_dataplane_heap_cuts_total", 1) >= 1
+    finally:
+        flood.close(0)
+    line = [l for l in s.output().splitlines() if "of replies it has not read" in l]
+    assert line and "over --max-heap-mb" in line[0], s.output()[-2000:]
+    deadline = time.time() + 10
+    while metric(s, "lmcache_mp_heap_bytes") > limit << 20 and time.time() < deadline:
+        time.sleep(0.1)
+    assert metric(s, "lmcache_mp_heap_bytes") < limit << 20
+    assert Wire(s.zmq_port).ok("retrieve_bytes", model_name=MODEL,
+                               chunk_hashes=h)["chunks"] == [obj]
+
+
 def store_request(i, chunk, ntok):
     """A store_bytes payload of one chunk and an ntok-token prompt (~5 bytes a token) whose
     first token is i: the worker hashes the whole prompt, so it runs far slower than the socket

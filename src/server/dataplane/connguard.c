@@ -79,6 +79,8 @@ struct connguard {
     uint64_t heap_limit; /* 0: none */
     struct metric *heap_cuts;
     uint64_t next_heap_cut_ns;
+    connguard_replies_fn replies; /* unread replies per client, or NULL */
+    void *replies_arg;
     struct ratelimit log_rl; /* cuts come at the rate peers choose */
 };
 
@@ -123,6 +125,11 @@ struct connguard *connguard_start(void *zctx, void *router, uint64_t limit, stru
         return NULL;
     }
     return g;
+}
+
+void connguard_set_replies(struct connguard *g, connguard_replies_fn fn, void *arg) {
+    g->replies = fn;
+    g->replies_arg = arg;
 }
 
 void connguard_set_heap_limit(struct connguard *g, uint64_t limit, struct metric *heap_cuts) {
@@ -267,7 +274,7 @@ static void addr_str(const union cg_addr *a, socklen_t len, char *out, size_t ou
  * that connection (a descriptor whose close was not reported yet may belong to another socket
  * now). heap: what malloc held, for a cut for the heap limit; 0 for the per-connection limit.
  * 1 when it was cut. */
-static int cut(struct connguard *g, int fd, uint64_t held, uint64_t heap) {
+static int cut(struct connguard *g, int fd, uint64_t held, uint64_t heap, int replies) {
     struct cg_conn *c = &g->conns[fd];
     union cg_addr peer, local;
     socklen_t plen = sizeof(peer), llen = sizeof(local);
@@ -288,7 +295,14 @@ static int cut(struct connguard *g, int fd, uint64_t held, uint64_t heap) {
     if (ratelimit_allow(&g->log_rl, clock_mono(), &dropped)) {
         char who[INET6_ADDRSTRLEN + 16];
         addr_str(&c->peer, c->peerlen, who, sizeof(who));
-        if (heap)
+        if (replies)
+            log_warn(g->lg,
+                     "data connection from %s cut: %llu bytes of replies it has not read, the "
+                     "most of any connection, while malloc held %llu bytes, over --max-heap-mb "
+                     "(%llu) (%lu similar cuts not logged)",
+                     who, (unsigned long long)held, (unsigned long long)heap,
+                     (unsigned long long)g->heap_limit, dropped);
+        else if (heap)
             log_warn(g->lg,
                      "data connection from %s cut: %llu bytes received and not delivered, the "
                      "most of any connection, while malloc held %llu bytes, over --max-heap-mb "
@@ -313,8 +327,9 @@ static uint64_t held_by_zmq(int fd, uint64_t held) {
 }
 
 /* The heap is over its limit: cuts the live connection holding the most (at least a handshake's
- * allowance: below that, cutting frees next to nothing and the heap is someone else's). */
-static void heap_cut(struct connguard *g, uint64_t heap, uint64_t now_ns) {
+ * allowance: below that, cutting frees next to nothing and the heap is someone else's), in
+ * libzmq's receive buffers or in replies it has not read (rfd's, rmost bytes). */
+static void heap_cut(struct connguard *g, uint64_t heap, uint64_t now_ns, int rfd, uint64_t rmost) {
     int victim = -1;
     uint64_t most = 0;
     for (size_t i = 0; i < g->nlive; i++) {
@@ -326,14 +341,18 @@ static void heap_cut(struct connguard *g, uint64_t heap, uint64_t now_ns) {
     }
     uint64_t held = victim >= 0 ? held_by_zmq(victim, most) : 0;
     unsigned long dropped;
-    if (held > CONNGUARD_BASE_SLACK) {
-        if (cut(g, victim, held, heap)) g->next_heap_cut_ns = now_ns + CONNGUARD_HEAP_CUT_GAP_NS;
+    if (rmost > held && rmost > CONNGUARD_BASE_SLACK && tracked(g, rfd) &&
+        g->conns[rfd].state == CG_LIVE) {
+        if (cut(g, rfd, rmost, heap, 1)) g->next_heap_cut_ns = now_ns + CONNGUARD_HEAP_CUT_GAP_NS;
+    } else if (held > CONNGUARD_BASE_SLACK) {
+        if (cut(g, victim, held, heap, 0)) g->next_heap_cut_ns = now_ns + CONNGUARD_HEAP_CUT_GAP_NS;
     } else if (ratelimit_allow(&g->log_rl, clock_mono(), &dropped)) {
-        log_warn(g->lg,
-                 "malloc holds %llu bytes, over --max-heap-mb (%llu), and no data connection "
-                 "holds over %u bytes unread (%lu similar messages not logged)",
-                 (unsigned long long)heap, (unsigned long long)g->heap_limit, CONNGUARD_BASE_SLACK,
-                 dropped);
+        log_warn(
+            g->lg,
+            "malloc holds %llu bytes, over --max-heap-mb (%llu), and no data connection "
+            "holds over %u bytes unread, received or replied (%lu similar messages not logged)",
+            (unsigned long long)heap, (unsigned long long)g->heap_limit, CONNGUARD_BASE_SLACK,
+            dropped);
     }
 }
 
@@ -367,13 +386,16 @@ static void check(struct connguard *g, uint64_t now_ns) {
         /* Only now the kernel's queue is subtracted (one more call). */
         uint64_t held = held_by_zmq(fd, c->held);
         if (held > g->limit) {
-            cut(g, fd, held, 0);
+            cut(g, fd, held, 0, 0);
             if (g->conns[fd].state == CG_FREE) i--; /* untracked: another one took slot i */
         }
     }
-    if (g->heap_limit && total >= CONNGUARD_HEAP_PROBE && now_ns >= g->next_heap_cut_ns) {
+    if (!g->heap_limit || now_ns < g->next_heap_cut_ns) return;
+    int rfd = -1;
+    size_t rtotal = 0, rmost = g->replies ? g->replies(g->replies_arg, &rfd, &rtotal) : 0;
+    if (total + rtotal >= CONNGUARD_HEAP_PROBE) {
         uint64_t heap = heap_in_use();
-        if (heap > g->heap_limit) heap_cut(g, heap, now_ns);
+        if (heap > g->heap_limit) heap_cut(g, heap, now_ns, rfd, rmost);
     }
 }
 

@@ -45,6 +45,12 @@ struct connguard *connguard_start(void *zctx, void *router, uint64_t limit, stru
  * unread bytes (one per CONNGUARD_HEAP_CUT_GAP_NS), counted in heap_cuts (may be NULL) as well
  * as in cut_total. 0: no limit (the default). */
 void connguard_set_heap_limit(struct connguard *g, uint64_t limit, struct metric *heap_cuts);
+/* The unread replies of the router's clients: the most one tcp client has (*fd its connection,
+ * -1 when none) and *total, all clients' together. */
+typedef size_t (*connguard_replies_fn)(void *arg, int *fd, size_t *total);
+/* With a heap limit, the connection cut is the one holding the most, counting the replies fn
+ * reports unread as well as the bytes libzmq received and has not delivered. */
+void connguard_set_replies(struct connguard *g, connguard_replies_fn fn, void *arg);
 /* Stops the monitor and closes the PAIR socket; call it before closing `router`. */
 void connguard_stop(struct connguard *g);
 /* The socket to poll for monitor events. */

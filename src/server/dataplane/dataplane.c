@@ -47,6 +47,7 @@
 #include "server/kvctx.h"
 #include "server/dataplane/connguard.h"
 #include "server/dataplane/curve.h"
+#include "server/dataplane/replies.h"
 #include "server/dataplane/wire.h"
 #include "server/engine.h"
 
@@ -67,6 +68,7 @@ struct dp_req {
     void *sock;   /* the socket it came from (tcp or ipc); the reply goes back there */
     char *answer; /* a reply made by the loop (a rejected request), queued in turn by the worker */
     size_t answer_len;
+    struct dp_client *cl; /* its client's unread replies (one reference), or NULL */
     struct dp_req *next;
 };
 
@@ -79,6 +81,8 @@ struct dp_out {
     uint32_t nframes;
     struct worker *w; /* charged with cost until the reply is handed to libzmq */
     size_t cost;
+    struct dp_client *cl; /* charged with unread until libzmq frees the body (a reference) */
+    size_t unread;
     struct dp_out *next;
 };
 
@@ -120,9 +124,11 @@ struct worker {
 struct dataplane {
     struct engine *e;
     void *zctx, *sock;
-    void *isock;             /* the --ipc-path socket, or NULL */
-    struct dp_zap *zap;      /* the CURVE allow-list handler, or NULL */
-    struct connguard *guard; /* bounds what libzmq holds per tcp connection */
+    void *isock;                /* the --ipc-path socket, or NULL */
+    struct dp_zap *zap;         /* the CURVE allow-list handler, or NULL */
+    struct connguard *guard;    /* bounds what libzmq holds per tcp connection */
+    struct dp_clients *clients; /* unread replies per client */
+    size_t max_unread;          /* --max-unread-reply-mb in bytes; 0: no limit */
     int efd;
     size_t max_msg;
     size_t budget; /* --worker-queue-mb in bytes */
@@ -137,6 +143,7 @@ struct dataplane {
 };
 
 static void malloc_keep_for(size_t n);
+static char *error_body(const char *code, const char *why, size_t *len);
 static int run_small(struct dataplane *dp, struct dp_req *req);
 
 /* Replaces a frame by an empty one (for an unusable request id). */
@@ -145,9 +152,10 @@ static void msg_clear(zmq_msg_t *m) {
     zmq_msg_init(m);
 }
 
+/* libzmq is done with a reply body: freed, and its client's charge (hint, may be NULL) ends. */
 static void free_body(void *data, void *hint) {
-    (void)hint;
     free(data);
+    dpc_release(hint);
 }
 
 static size_t frames_size(zmq_msg_t *id, zmq_msg_t *rid, zmq_msg_t *op) {
@@ -181,6 +189,7 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     struct dp_out *o = calloc(1, sizeof(*o));
     struct worker *w = req->w;
     if (!o && w) atomic_fetch_sub_explicit(&w->held, 1, memory_order_release);
+    if (!o) dpc_put(dp->clients, req->cl);
     if (w && o) {
         o->w = w;
         o->cost = sizeof(*o) + len + frames_size(&req->id, &req->rid, &req->op);
@@ -205,6 +214,10 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     zmq_msg_move(&o->rid, &req->rid);
     zmq_msg_move(&o->op, &req->op);
     o->sock = req->sock;
+    o->cl = req->cl; /* the request's reference */
+    o->unread = len;
+    for (uint32_t i = 0; i < nfr; i++) o->unread += fr[i].len;
+    dpc_charge(o->cl, o->unread);
     zmq_msg_close(&req->id);
     zmq_msg_close(&req->rid);
     zmq_msg_close(&req->op);
@@ -342,10 +355,30 @@ static void run_parkable(struct dataplane *dp, struct dp_parked *pk) {
     park(pk->w, pk); /* the request stays whole (and charged): a parked store runs it again */
 }
 
-/* Runs a request and queues its reply, or parks it (a store waiting). */
+/* The client of req has more replies unread than --max-unread-reply-mb allows. */
+static int unread_over(const struct dataplane *dp, const struct dp_req *req) {
+    return dp->max_unread && dpc_unsent(req->cl) > dp->max_unread;
+}
+
+/* Runs a request and queues its reply, or parks it (a store waiting). A client over its unread
+ * replies' bound gets too_large instead, built without running anything. */
 static void run(struct dataplane *dp, struct worker *w, struct dp_req *req) {
     if (req->answer) {
         queue_reply(dp, req, req->answer, req->answer_len, NULL, 0);
+        return;
+    }
+    if (unread_over(dp, req)) {
+        char why[200];
+        snprintf(why, sizeof(why),
+                 "this client has %zu MiB of replies it has not read, over "
+                 "--max-unread-reply-mb (%zu): read replies before sending more requests",
+                 dpc_unsent(req->cl) >> 20, dp->max_unread >> 20);
+        size_t len;
+        char *body = error_body(DP_TOO_LARGE, why, &len);
+        if (dp->e->dpm.unread_refusals) metric_inc(dp->e->dpm.unread_refusals, 1);
+        close_payload(req);
+        zmq_msg_init(&req->payload);
+        queue_reply(dp, req, body, body ? len : 0, NULL, 0);
         return;
     }
     struct dp_parked *pk = w && may_park(w, req) ? calloc(1, sizeof(*pk)) : NULL;
@@ -490,16 +523,22 @@ static int over_budget(struct dataplane *dp) {
 /* Replies to a malformed or oversized request from the loop thread (its payload is freed here,
  * never queued). While the client's worker holds requests the reply goes through that worker's
  * queue, behind the client's earlier requests, so the client's replies stay in order. */
-static void reject(struct dataplane *dp, struct dp_req *req, const char *code, const char *why) {
+static char *error_body(const char *code, const char *why, size_t *len) {
     struct dp_reply r;
     struct dp_err err;
     dp_reply_init(&r);
     dp_fail(&err, code, "%s", why);
     size_t n;
     dp_finish(&r, 0, &err, &n);
-    size_t len = r.buf.size;
+    *len = r.buf.size;
     char *body = msgpack_sbuffer_release(&r.buf);
     dp_reply_free(&r);
+    return body;
+}
+
+static void reject(struct dataplane *dp, struct dp_req *req, const char *code, const char *why) {
+    size_t len;
+    char *body = error_body(code, why, &len);
     if (body && atomic_load_explicit(&worker_of(dp, req)->held, memory_order_acquire) != 0) {
         close_payload(req);
         zmq_msg_init(&req->payload);
@@ -576,6 +615,11 @@ static void receive_one(struct dataplane *dp, void *sock) {
         zmq_msg_close(&m);
         nframes++;
     }
+    if (nframes >= 2) {
+        int fd = sock == dp->sock ? zmq_msg_get(&req->rid, ZMQ_SRCFD) : -1;
+        req->cl = dpc_get(dp->clients, sock, zmq_msg_data(&req->id), zmq_msg_size(&req->id),
+                          fd < 0 ? -1 : fd);
+    }
     if (nframes < 4) {
         char why[96];
         snprintf(why, sizeof(why),
@@ -622,11 +666,12 @@ static void receive_one(struct dataplane *dp, void *sock) {
 /* Sends [id][rid][op][body] and the chunk frames after it (NULL: none), then closes the frames;
  * body (malloc'd) and each chunk frame are handed to libzmq, the frames array is freed. */
 static void send_reply(void *sock, zmq_msg_t *id, zmq_msg_t *rid, zmq_msg_t *op, char *data,
-                       size_t len, struct dp_frame *frames, uint32_t nframes) {
+                       size_t len, struct dp_frame *frames, uint32_t nframes,
+                       struct dpc_hold *hold) {
     zmq_msg_t body;
-    int have = zmq_msg_init_data(&body, data, len, free_body, NULL) == 0;
+    int have = zmq_msg_init_data(&body, data, len, free_body, hold) == 0;
     if (!have) {
-        free(data); /* out of memory: the client times out */
+        free_body(data, hold); /* out of memory: the client times out */
         zmq_msg_init(&body);
     }
     /* Chunk frames: each message owns its frame from here (closing it releases it). */
@@ -669,7 +714,10 @@ static void send_replies(struct dataplane *dp) {
     pthread_mutex_unlock(&dp->out_lock);
     while (o) {
         struct dp_out *next = o->next;
-        send_reply(o->sock, &o->id, &o->rid, &o->op, o->body, o->len, o->frames, o->nframes);
+        /* The body carries the client's charge for the whole reply, frames included: they
+         * follow it on the same connection (an estimate off by at most one reply's frames). */
+        struct dpc_hold *hold = o->cl ? dpc_hold_new(dp->clients, o->cl, o->unread) : NULL;
+        send_reply(o->sock, &o->id, &o->rid, &o->op, o->body, o->len, o->frames, o->nframes, hold);
         if (o->w) atomic_fetch_sub(&o->w->charged, o->cost);
         free(o);
         o = next;
@@ -680,7 +728,7 @@ static void send_replies(struct dataplane *dp) {
  * of the file). 1 when it was answered, 0 when it must go to the worker. */
 static int run_small(struct dataplane *dp, struct dp_req *req) {
     struct worker *w = worker_of(dp, req);
-    if (req->nextra || zmq_msg_size(&req->payload) > DP_SMALL_MAX_BYTES ||
+    if (req->nextra || zmq_msg_size(&req->payload) > DP_SMALL_MAX_BYTES || unread_over(dp, req) ||
         !dataplane_op_small(zmq_msg_data(&req->op), zmq_msg_size(&req->op)) ||
         atomic_load_explicit(&w->held, memory_order_acquire) != 0)
         return 0;
@@ -700,7 +748,9 @@ static int run_small(struct dataplane *dp, struct dp_req *req) {
     if (dp->e->dpm.loop_requests) metric_inc(dp->e->dpm.loop_requests, 1);
     send_replies(dp); /* the client's earlier replies first */
     close_payload(req);
-    send_reply(req->sock, &req->id, &req->rid, &req->op, body, len, NULL, 0);
+    dpc_charge(req->cl, len);
+    struct dpc_hold *hold = req->cl ? dpc_hold_new(dp->clients, req->cl, len) : NULL;
+    send_reply(req->sock, &req->id, &req->rid, &req->op, body, len, NULL, 0, hold);
     free(req);
     return 1;
 }
@@ -796,6 +846,10 @@ static void malloc_keep_for(size_t n) {
 #endif
 }
 
+static size_t unread_replies(void *clients, int *fd, size_t *total) {
+    return dpc_largest(clients, fd, total);
+}
+
 struct dataplane *dataplane_start(struct engine *e, const char *host, int port, int workers,
                                   size_t max_message_bytes, char *err, size_t errlen) {
     struct dataplane *dp = calloc(1, sizeof(*dp));
@@ -812,6 +866,12 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     }
     dp->max_msg = max_message_bytes;
     dp->budget = (size_t)e->cfg->worker_queue_mb << 20;
+    dp->max_unread = (size_t)e->cfg->max_unread_reply_mb << 20;
+    if (!(dp->clients = dpc_new())) {
+        errbuf_set(err, errlen, "out of memory");
+        free(dp);
+        return NULL;
+    }
     dp->nworkers = workers > 0 ? workers : 1;
     pthread_mutex_init(&dp->out_lock, NULL);
     dp->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -864,6 +924,7 @@ struct dataplane *dataplane_start(struct engine *e, const char *host, int port, 
     if (!dp->guard) goto fail;
     uint64_t heap_limit = config_max_heap_bytes(cfg);
     connguard_set_heap_limit(dp->guard, heap_limit, e->dpm.heap_cuts);
+    connguard_set_replies(dp->guard, unread_replies, dp->clients);
     if (heap_limit)
         log_info(dp->lg,
                  "data connections are cut while malloc holds over %llu MiB (--max-heap-mb)",
@@ -948,6 +1009,7 @@ fail:
     if (dp->isock) zmq_close(dp->isock);
     dp_zap_stop(dp->zap);
     if (dp->zctx) zmq_ctx_term(dp->zctx);
+    dpc_free(dp->clients);
     if (dp->efd >= 0) close(dp->efd);
     free(dp);
     return NULL;
@@ -976,6 +1038,7 @@ void dataplane_stop(struct dataplane *dp) {
         zmq_msg_close(&o->op);
         free(o->body);
         dp_frames_release(o->frames, o->nframes);
+        if (o->cl) dpc_release(dpc_hold_new(dp->clients, o->cl, o->unread));
         free(o);
         o = n;
     }
@@ -994,7 +1057,8 @@ void dataplane_stop(struct dataplane *dp) {
         zmq_close(dp->isock);
     }
     dp_zap_stop(dp->zap);
-    zmq_ctx_term(dp->zctx);
+    zmq_ctx_term(dp->zctx); /* frees the replies left: their charges end */
+    dpc_free(dp->clients);
     close(dp->efd);
     pthread_mutex_destroy(&dp->out_lock);
     free(dp);
