@@ -74,6 +74,10 @@ int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t 
  * capacities as registered; this replaces them. *alive as for keepalive. */
 int umbp_client_heartbeat_caps(struct umbp_client *c, const struct umbp_tier_capacity *caps,
                                size_t ncaps, bool *alive, char *err, size_t errlen);
+/* request_full_sync of the last heartbeat the master answered: true after a sequence gap, and
+ * when the heartbeat revived an expired node (whose external-KV placements the master wiped at
+ * expiry: report them all again). */
+bool umbp_client_full_sync_requested(const struct umbp_client *c);
 
 int umbp_report_external_kv_blocks(struct umbp_client *c, const char *node_id,
                                    const char *const *hashes, size_t n, enum umbp_tier tier,

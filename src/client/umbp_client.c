@@ -25,6 +25,7 @@ struct umbp_client {
     uint32_t timeout_ms;
     uint32_t heartbeat_interval_ms; /* from the last RegisterClient */
     bool registered;
+    bool full_sync_requested; /* request_full_sync of the last answered heartbeat */
 };
 
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
@@ -246,6 +247,8 @@ int umbp_client_unregister(struct umbp_client *c, char *err, size_t errlen) {
     return rc;
 }
 
+bool umbp_client_full_sync_requested(const struct umbp_client *c) { return c->full_sync_requested; }
+
 int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t errlen) {
     Umbp__HeartbeatRequest q = UMBP__HEARTBEAT_REQUEST__INIT;
     q.node_id = c->node_id;
@@ -253,8 +256,9 @@ int umbp_client_keepalive(struct umbp_client *c, bool *alive, char *err, size_t 
     int rc =
         unary(c, "Heartbeat", &q.base, &umbp__heartbeat_response__descriptor, &out, err, errlen);
     if (rc == 0) {
-        *alive =
-            ((Umbp__HeartbeatResponse *)out)->status == UMBP__CLIENT_STATUS__CLIENT_STATUS_ALIVE;
+        const Umbp__HeartbeatResponse *hr = (const Umbp__HeartbeatResponse *)out;
+        *alive = hr->status == UMBP__CLIENT_STATUS__CLIENT_STATUS_ALIVE;
+        c->full_sync_requested = hr->request_full_sync;
         protobuf_c_message_free_unpacked(out, NULL);
     }
     return rc;
@@ -276,8 +280,9 @@ int umbp_client_heartbeat_caps(struct umbp_client *c, const struct umbp_tier_cap
     int rc =
         unary(c, "Heartbeat", &q.base, &umbp__heartbeat_response__descriptor, &out, err, errlen);
     if (rc == 0) {
-        *alive =
-            ((Umbp__HeartbeatResponse *)out)->status == UMBP__CLIENT_STATUS__CLIENT_STATUS_ALIVE;
+        const Umbp__HeartbeatResponse *hr = (const Umbp__HeartbeatResponse *)out;
+        *alive = hr->status == UMBP__CLIENT_STATUS__CLIENT_STATUS_ALIVE;
+        c->full_sync_requested = hr->request_full_sync;
         protobuf_c_message_free_unpacked(out, NULL);
     }
     free(tc);

@@ -384,6 +384,13 @@ static void h_heartbeat(struct master *m, const ProtobufCMessage *in, struct mrp
         full_sync_wanted = res == MSTORE_HB_SEQ_GAP;
     }
     free(ev);
+    if (res == MSTORE_HB_REVIVED) {
+        /* Its placements were wiped at expiry: the node reports them again. */
+        full_sync_wanted = true;
+        log_info(m->lg, "[Master] Expired client %s is alive again; asked for a full sync",
+                 q->node_id);
+        met_client_count(m);
+    }
     met_caps(m, q->node_id, &caps);
     met_kv_live(m, q);
     if (m->met) {

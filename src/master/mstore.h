@@ -45,7 +45,10 @@ struct mstore_reg {
     struct mstore_caps caps;
 };
 
-enum mstore_hb { MSTORE_HB_APPLIED, MSTORE_HB_SEQ_GAP, MSTORE_HB_UNKNOWN };
+/* REVIVED: the node was EXPIRED and is ALIVE again (its sequence check and events as for
+ * APPLIED or SEQ_GAP, *acked likewise); its external-KV placements were wiped at expiry, so
+ * the node must report them again (the RPC answers request_full_sync). */
+enum mstore_hb { MSTORE_HB_APPLIED, MSTORE_HB_SEQ_GAP, MSTORE_HB_UNKNOWN, MSTORE_HB_REVIVED };
 enum mstore_ev_kind { MSTORE_EV_ADD = 0, MSTORE_EV_REMOVE = 1 };
 
 struct mstore_event {
@@ -115,7 +118,8 @@ struct mstore_ops {
     /* true when a record existed. Cascades to the node's ext-KV entries and blocks. */
     bool (*unregister_client)(struct mstore *s, const char *node_id);
     /* A CAS on the node's sequence: see docs/master.md (Heartbeat). caps replaces the
-     * stored capacities on APPLIED. *acked receives the acknowledged sequence. */
+     * stored capacities on APPLIED. *acked receives the acknowledged sequence. An EXPIRED
+     * node is ALIVE again and the result is REVIVED whatever the CAS did. */
     enum mstore_hb (*apply_heartbeat)(struct mstore *s, const char *node_id, uint64_t seq,
                                       int64_t now, const struct mstore_caps *caps,
                                       const struct mstore_event *ev, size_t nev, bool full,

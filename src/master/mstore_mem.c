@@ -309,6 +309,7 @@ static enum mstore_hb mem_heartbeat(struct mstore *s, const char *node_id, uint6
                                     uint64_t *acked) {
     struct mem *m = MEM(s);
     enum mstore_hb res;
+    bool revived = false;
     /* The write lock makes the sequence check and the event application one CAS. */
     pthread_rwlock_wrlock(&m->meta);
     uint32_t idx = mem_node_find(m, node_id);
@@ -318,6 +319,7 @@ static enum mstore_hb mem_heartbeat(struct mstore *s, const char *node_id, uint6
         res = MSTORE_HB_UNKNOWN;
         goto out;
     }
+    revived = n->status == MSTORE_STATUS_EXPIRED;
     n->last_hb = now;
     n->status = MSTORE_STATUS_ALIVE;
     if (!full && seq != n->last_seq + 1) {
@@ -343,7 +345,7 @@ static enum mstore_hb mem_heartbeat(struct mstore *s, const char *node_id, uint6
     res = MSTORE_HB_APPLIED;
 out:
     pthread_rwlock_unlock(&m->meta);
-    return res;
+    return revived && res != MSTORE_HB_UNKNOWN ? MSTORE_HB_REVIVED : res;
 }
 
 static size_t mem_expire(struct mstore *s, int64_t cutoff, int64_t forget_before,

@@ -277,6 +277,7 @@ static enum mstore_hb rs_heartbeat(struct mstore *s, const char *node_id, uint64
     OP_BEGIN(r);
     *acked = 0;
     enum mstore_hb res = MSTORE_HB_UNKNOWN;
+    bool revived = false;
     /* The CAS applies the first chunk itself, except in split modes (events go to their
      * shards' endpoints). */
     size_t first = full || r->split ? 0 : (nev < MSTORE_REDIS_CHUNK ? nev : MSTORE_REDIS_CHUNK);
@@ -292,12 +293,13 @@ static enum mstore_hb rs_heartbeat(struct mstore *s, const char *node_id, uint64
     b_events(&b, r, node_id, ev, first);
     if (run(r, &b) == 0) {
         redisReply *rep = b.c[0].rep;
-        if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2) {
+        if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 3) {
             long long st = rep_int(rep->element[0]);
             res = st == 0 ? MSTORE_HB_APPLIED : st == 1 ? MSTORE_HB_SEQ_GAP : MSTORE_HB_UNKNOWN;
             *acked = rep->element[1]->type == REDIS_REPLY_STRING
                          ? strtoull(rep->element[1]->str, NULL, 10)
                          : 0;
+            revived = rep_int(rep->element[2]) == 1;
         }
     }
     b_free(&b);
@@ -341,7 +343,7 @@ static enum mstore_hb rs_heartbeat(struct mstore *s, const char *node_id, uint64
         if (shard_failed || rs_has_err(r)) res = MSTORE_HB_SEQ_GAP;
     }
     OP_END(r, OP_HEARTBEAT);
-    return res;
+    return revived && res != MSTORE_HB_UNKNOWN ? MSTORE_HB_REVIVED : res;
 }
 
 static size_t ids_of(const redisReply *a, char ***out) {

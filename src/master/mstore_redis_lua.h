@@ -61,19 +61,22 @@
 /* The heartbeat CAS. KEYS node, alive, peers, expired. ARGV id, now, seq, seq-1 (both
  * decimal strings: sequences are 64-bit, Lua numbers are not), caps, full, then events
  * (kind, block key, node-set key, tier, size)... Returns {0 APPLIED | 1 SEQ_GAP |
- * 2 UNKNOWN, acked}. A full sync writes no events here: the caller wipes, then adds. */
+ * 2 UNKNOWN, acked, revived (1: the record was EXPIRED, its placements wiped)}. A full sync
+ * writes no events here: the caller wipes, then adds. */
 #define RLUA_HEARTBEAT                                                                             \
     RLUA_BLOCK_HELPERS                                                                             \
-    "local rec = redis.call('HMGET', KEYS[1], 'seq', 'peer')\n"                                    \
-    "if not rec[1] then return {2, '0'} end\n"                                                     \
+    "local rec = redis.call('HMGET', KEYS[1], 'seq', 'peer', 'status')\n"                          \
+    "if not rec[1] then return {2, '0', 0} end\n"                                                  \
+    "local rv = 0\n"                                                                               \
+    "if rec[3] == '2' then rv = 1 end\n"                                                           \
     "redis.call('HSET', KEYS[1], 'status', '1', 'last_hb', ARGV[2])\n"                             \
     "redis.call('SADD', KEYS[2], ARGV[1])\n"                                                       \
     "redis.call('HSET', KEYS[3], ARGV[1], rec[2] or '')\n"                                         \
     "redis.call('SREM', KEYS[4], ARGV[1])\n"                                                       \
-    "if ARGV[6] ~= '1' and rec[1] ~= ARGV[4] then return {1, rec[1]} end\n"                        \
+    "if ARGV[6] ~= '1' and rec[1] ~= ARGV[4] then return {1, rec[1], rv} end\n"                    \
     "redis.call('HSET', KEYS[1], 'seq', ARGV[3], 'caps', ARGV[5])\n"                               \
     "if ARGV[6] ~= '1' then apply_events(ARGV[1], ARGV[2], '0', 7) end\n"                          \
-    "return {0, ARGV[3]}\n"
+    "return {0, ARGV[3], rv}\n"
 
 /* A further chunk of events. KEYS[1] the shard's node-set key (routes the call in cluster
  * mode). ARGV node, now, full, events... */

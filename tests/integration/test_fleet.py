@@ -451,3 +451,36 @@ def test_heartbeats_carry_capacities_for_the_least_loaded_pick(master, make_serv
     avail = [ln for ln in text.splitlines()
              if ln.startswith("mori_umbp_client_capacity_available_bytes") and "node-full" in ln]
     assert avail and float(avail[0].split()[-1]) <= 3 * (1 << 20) + (1 << 20)
+
+
+def client_count(m):
+    text = requests.get("http://127.0.0.1:%d/metrics" % m.http_port, timeout=30).text
+    line = [ln for ln in text.splitlines() if ln.startswith("mori_umbp_client_count ")]
+    return float(line[0].split()[1]) if line else None
+
+
+def test_node_revived_after_expiry_reports_its_placements_again(make_server):
+    # A server stalled past TTL x max_missed (SIGSTOP here; a VM stall or a long pause alike)
+    # is expired and its placements wiped; its record is kept (retention), so its next
+    # heartbeat revives it. The master then asks for a full sync, and the server sends one.
+    m = Master(env={"LMCACHE_MASTER_EXPIRED_RETENTION_SEC": "300"})
+    try:
+        s, c = fleet_server(make_server, m.addr, "node-p")
+        h = store(c, 21)
+        assert wait_for(lambda: "node-p" in matches(m.addr, h))
+        assert wait_for(lambda: client_count(m) == 1)
+        os.kill(s.proc.pid, signal.SIGSTOP)
+        try:
+            assert wait_for(lambda: matches(m.addr, h) == {}, timeout=30)
+            assert wait_for(lambda: client_count(m) == 0)
+        finally:
+            os.kill(s.proc.pid, signal.SIGCONT)
+        assert wait_for(lambda: matches(m.addr, h) == {"node-p": {UMBPTierType.DRAM: set(h)}},
+                        timeout=30)
+        assert wait_for(lambda: client_count(m) == 1)
+        assert wait_for(lambda: not s.get("/status").json()["master"]["full_sync_pending"])
+        # Changes after the revival are reported as usual.
+        h2 = store(c, 22)
+        assert wait_for(lambda: "node-p" in matches(m.addr, h2))
+    finally:
+        m.stop()

@@ -359,5 +359,7 @@ def test_expired_node_is_revived_by_a_heartbeat_within_the_retention():
         wait_reaped(s, "nap")
         h = s.Heartbeat(pb.HeartbeatRequest(node_id="nap"))
         assert h.status == pb.CLIENT_STATUS_ALIVE and h.acked_seq == 1  # the record was kept
+        # Its placements went at expiry: the revived node is asked to send them again.
+        assert h.request_full_sync
     finally:
         assert m.stop() == 0

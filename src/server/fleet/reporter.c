@@ -54,6 +54,8 @@ struct reporter {
     size_t pending;
     bool stopping;
 
+    double next_hb; /* monotonic seconds; the thread's own */
+
     /* thread state, read by /status without a lock */
     _Atomic bool connected, registered, dirty;
     _Atomic uint32_t hb_ms;
@@ -173,11 +175,64 @@ static void hb_free(struct hexbatch *b) {
     memset(b, 0, sizeof(*b));
 }
 
-/* Sends b in RPCs of at most BATCH_MAX hashes. Returns 0 or the first failure. */
+/* The node's tiers now: DRAM (L1), SSD when fs/dax adapters have a capacity. */
+static size_t capacities(struct reporter *r, struct umbp_tier_capacity caps[2]) {
+    struct engine_tier_capacity cap;
+    engine_tier_capacities(r->e, &cap);
+    caps[0] = (struct umbp_tier_capacity){UMBP_TIER_DRAM, cap.dram_total, cap.dram_available};
+    caps[1] = (struct umbp_tier_capacity){UMBP_TIER_SSD, cap.ssd_total, cap.ssd_available};
+    return cap.ssd_total ? 2 : 1;
+}
+
+enum hb_result { HB_ALIVE, HB_RESYNC, HB_UNKNOWN, HB_FAILED };
+
+/* One capacity-carrying heartbeat; sets the next deadline. HB_RESYNC: the master asks for every
+ * placement again (it had expired the node, wiping them, and this heartbeat revived it);
+ * HB_UNKNOWN: it forgot the node, which must register again. Both leave the reporter dirty. */
+static enum hb_result heartbeat(struct reporter *r) {
+    bool alive = false;
+    char err[256] = "";
+    struct umbp_tier_capacity caps[2];
+    size_t ncaps = capacities(r, caps);
+    r->next_hb = clock_mono() + atomic_load(&r->hb_ms) / 1000.0;
+    int rc = umbp_client_heartbeat_caps(r->c, caps, ncaps, &alive, err, sizeof(err));
+    if (rc != 0) {
+        failed(r, "Heartbeat", rc, err);
+        return HB_FAILED;
+    }
+    atomic_fetch_add(&r->hb_answered, 1);
+    if (!alive) {
+        /* the master forgot us (restart, or our record was reaped): register anew */
+        log_warn(r->lg, "master %s does not know node %s: registering again", r->address,
+                 r->node_id);
+        atomic_store(&r->registered, false);
+        atomic_store(&r->dirty, true);
+        return HB_UNKNOWN;
+    }
+    if (!atomic_exchange(&r->connected, true)) {
+        metric_set(r->m_connected, 1);
+        log_info(r->lg, "master %s answers again", r->address);
+    }
+    if (umbp_client_full_sync_requested(r->c)) {
+        log_warn(r->lg,
+                 "master %s had expired node %s and dropped its placements: reporting "
+                 "them again",
+                 r->address, r->node_id);
+        atomic_store(&r->dirty, true);
+        return HB_RESYNC;
+    }
+    return HB_ALIVE;
+}
+
+/* Sends b in RPCs of at most BATCH_MAX hashes. Returns 0 or the first failure. Heartbeats
+ * when one is due between RPCs, so that a long send (a full report of millions of hashes)
+ * does not let the node expire; a heartbeat that is not a plain ALIVE stops the send (the
+ * reporter is dirty then, and a full report follows). */
 static int send_batch(struct reporter *r, struct hexbatch *b, int t, bool report) {
     for (size_t i = 0; i < b->n; i++) b->ptr[i] = b->hex[i];
     char err[256] = "";
     for (size_t off = 0; off < b->n; off += BATCH_MAX) {
+        if (clock_mono() >= r->next_hb && heartbeat(r) != HB_ALIVE) return -1;
         size_t n = b->n - off < BATCH_MAX ? b->n - off : BATCH_MAX;
         int rc = report ? umbp_report_external_kv_blocks(r->c, r->node_id, b->ptr + off, n,
                                                          TIER_OF[t], err, sizeof(err))
@@ -284,15 +339,6 @@ static int full_sync(struct reporter *r) {
     return rc;
 }
 
-/* The node's tiers now: DRAM (L1), SSD when fs/dax adapters have a capacity. */
-static size_t capacities(struct reporter *r, struct umbp_tier_capacity caps[2]) {
-    struct engine_tier_capacity cap;
-    engine_tier_capacities(r->e, &cap);
-    caps[0] = (struct umbp_tier_capacity){UMBP_TIER_DRAM, cap.dram_total, cap.dram_available};
-    caps[1] = (struct umbp_tier_capacity){UMBP_TIER_SSD, cap.ssd_total, cap.ssd_available};
-    return cap.ssd_total ? 2 : 1;
-}
-
 static int do_register(struct reporter *r) {
     struct umbp_tier_capacity caps[2];
     size_t ncaps = capacities(r, caps);
@@ -336,7 +382,7 @@ static bool wait_ms(struct reporter *r, double ms) {
 static void *reporter_main(void *arg) {
     struct reporter *r = arg;
     pthread_setname_np(pthread_self(), "master-reporter");
-    double next_hb = 0;
+    r->next_hb = 0;
     for (;;) {
         double now = clock_mono();
         if (!atomic_load(&r->registered)) {
@@ -345,33 +391,13 @@ static void *reporter_main(void *arg) {
                 if (!wait_ms(r, RETRY_MS)) break;
                 continue;
             }
-            next_hb = now + atomic_load(&r->hb_ms) / 1000.0;
+            r->next_hb = now + atomic_load(&r->hb_ms) / 1000.0;
         }
-        if (now >= next_hb) {
-            bool alive = false;
-            char err[256] = "";
-            struct umbp_tier_capacity caps[2];
-            size_t ncaps = capacities(r, caps);
-            int rc = umbp_client_heartbeat_caps(r->c, caps, ncaps, &alive, err, sizeof(err));
-            next_hb = now + atomic_load(&r->hb_ms) / 1000.0;
-            if (rc == 0) atomic_fetch_add(&r->hb_answered, 1);
-            if (rc != 0) {
-                failed(r, "Heartbeat", rc, err);
-            } else if (!alive) {
-                /* the master forgot us (restart, or our record was reaped): register anew */
-                log_warn(r->lg, "master %s does not know node %s: registering again", r->address,
-                         r->node_id);
-                atomic_store(&r->registered, false);
-                atomic_store(&r->dirty, true);
-                continue;
-            } else if (!atomic_exchange(&r->connected, true)) {
-                metric_set(r->m_connected, 1);
-                log_info(r->lg, "master %s answers again", r->address);
-            }
-        }
+        if (now >= r->next_hb && heartbeat(r) == HB_UNKNOWN) continue;
         if (atomic_load(&r->connected) && atomic_load(&r->dirty)) full_sync(r);
+        if (!atomic_load(&r->registered)) continue; /* a heartbeat during the report: forgotten */
         flush(r);
-        double until_hb = (next_hb - clock_mono()) * 1000.0;
+        double until_hb = (r->next_hb - clock_mono()) * 1000.0;
         double w = until_hb < r->flush_ms ? until_hb : r->flush_ms;
         if (!atomic_load(&r->connected) && w < RETRY_MS && until_hb > 0) w = until_hb;
         if (!wait_ms(r, w > 1 ? w : 1)) break;
