@@ -89,6 +89,9 @@ int umbp_revoke_all_external_kv_blocks_at_tier(struct umbp_client *c, const char
                                                enum umbp_tier tier, char *err, size_t errlen);
 int umbp_revoke_all_external_kv_blocks_for_node(struct umbp_client *c, const char *node_id,
                                                 char *err, size_t errlen);
+/* UnregisterClient for any node id, whether or not this client registered it (a restarted
+ * node replacing the record of its previous life); the client's own state is unchanged. */
+int umbp_unregister_node(struct umbp_client *c, const char *node_id, char *err, size_t errlen);
 /* One entry per node, buckets in ascending tier order. An empty query returns an empty
  * result without an RPC. The result is one allocation: free it with umbp_match_result_free. */
 int umbp_match_external_kv(struct umbp_client *c, const char *const *hashes, size_t n,

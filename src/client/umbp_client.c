@@ -335,6 +335,13 @@ int umbp_revoke_all_external_kv_blocks_for_node(struct umbp_client *c, const cha
                  errlen);
 }
 
+int umbp_unregister_node(struct umbp_client *c, const char *node_id, char *err, size_t errlen) {
+    Umbp__UnregisterClientRequest q = UMBP__UNREGISTER_CLIENT_REQUEST__INIT;
+    q.node_id = (char *)(node_id ? node_id : "");
+    return unary(c, "UnregisterClient", &q.base, &umbp__unregister_client_response__descriptor,
+                 NULL, err, errlen);
+}
+
 void umbp_match_result_free(struct umbp_match_result *r) {
     if (!r) return;
     free(r->nodes); /* one block: nodes, buckets, hash pointers, strings */

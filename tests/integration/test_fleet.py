@@ -484,3 +484,40 @@ def test_node_revived_after_expiry_reports_its_placements_again(make_server):
         assert wait_for(lambda: "node-p" in matches(m.addr, h2))
     finally:
         m.stop()
+
+
+def test_restart_with_a_new_address_replaces_the_old_record(make_server):
+    # A server restarted (same --node-id, new --node-address: a new pod IP) while its previous
+    # life is still ALIVE at the master replaces that record instead of adopting it: peers
+    # get the new address, and SIGTERM unregisters the node.
+    m = Master(env={"UMBP_HEARTBEAT_TTL_SEC": "10", "UMBP_MAX_MISSED_HEARTBEATS": "3"})
+
+    def peers(h):
+        return {x.node_id: x.peer_address for x in UMBPMasterClient(m.addr).match_external_kv(h)}
+
+    def srv(addr):
+        s = make_server(args=["--chunk-size", str(CHUNK), "--master-address", m.addr,
+                              "--node-id", "node-x", "--node-address", addr])
+        return s, DPClient(s.zmq_port)
+
+    try:
+        s1, c1 = srv("tcp://10.0.0.1:5555")
+        h1 = store(c1, 31)
+        assert wait_for(lambda: peers(h1) == {"node-x": "tcp://10.0.0.1:5555"})
+        s1.proc.send_signal(signal.SIGKILL)
+        s1.proc.wait()
+        s1.proc.returncode = 0  # the fixture's clean-exit check does not apply
+        s2, c2 = srv("tcp://10.0.0.2:5555")
+        h2 = store(c2, 32)
+        assert wait_for(lambda: peers(h2) == {"node-x": "tcp://10.0.0.2:5555"})
+        assert peers(h1) == {}  # the first life's placements went with its record
+        assert m.route(hashes=h2, chunk_size=CHUNK).json()["recommended"]["peer_address"] == \
+            "tcp://10.0.0.2:5555"
+        st = s2.get("/status").json()["master"]
+        assert st["registered"] and st["connected"] and not st["full_sync_pending"]
+        # SIGTERM unregisters: gone at once, not after the 30 s expiry.
+        assert s2.stop() == 0
+        assert wait_for(lambda: peers(h2) == {}, timeout=5)
+        assert wait_for(lambda: client_count(m) == 0, timeout=5)
+    finally:
+        m.stop()

@@ -345,8 +345,13 @@ static int do_register(struct reporter *r) {
     char err[256] = "";
     int rc = umbp_client_register(r->c, caps, ncaps, err, sizeof(err));
     if (rc == 6 /* ALREADY_EXISTS: our previous life is still alive there */) {
-        umbp_revoke_all_external_kv_blocks_for_node(r->c, r->node_id, NULL, 0);
-        rc = 0; /* heartbeats keep the existing record alive; a full report follows */
+        /* Replace its record rather than adopt it: the record holds that life's address
+         * (heartbeats carry none, so peers would be sent there for good) and our client would
+         * not count as registered, so stopping would not unregister. */
+        log_info(r->lg, "master %s still has node %s from an earlier life: replacing it",
+                 r->address, r->node_id);
+        rc = umbp_unregister_node(r->c, r->node_id, err, sizeof(err));
+        if (rc == 0) rc = umbp_client_register(r->c, caps, ncaps, err, sizeof(err));
     }
     if (rc != 0) {
         failed(r, "RegisterClient", rc, err);
@@ -520,8 +525,6 @@ void reporter_stop(struct reporter *r) {
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->tid, NULL);
     r->started = false;
-    if (atomic_load(&r->registered) && !umbp_client_is_registered(r->c))
-        umbp_revoke_all_external_kv_blocks_for_node(r->c, r->node_id, NULL, 0); /* adopted */
     if (umbp_client_is_registered(r->c)) {
         char err[256] = "";
         int rc = umbp_client_unregister(r->c, err, sizeof(err));
