@@ -103,14 +103,23 @@ def _tier(t):
         return int(t)
 
 
+DEFAULT_TIMEOUT = 5.0
+
+
 class UMBPMasterClient:
     """Control-plane client of the master. Construction never blocks and never raises
-    for an unreachable master: the channel connects on first use. No heartbeat thread."""
+    for an unreachable master: the channel connects on first use. No heartbeat thread.
 
-    def __init__(self, master_address, node_id="", node_address=""):
+    timeout: the deadline of every call in seconds (None: none). A master that does not
+    answer in time (hung, stopped, unreachable) makes the call raise RuntimeError."""
+
+    def __init__(self, master_address, node_id="", node_address="", timeout=DEFAULT_TIMEOUT):
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be a positive number of seconds or None")
         self.master_address = master_address
         self.node_id = node_id
         self.node_address = node_address
+        self.timeout = timeout
         self.auto_heartbeat = False
         self._lock = threading.Lock()
         self._channel = None
@@ -129,9 +138,9 @@ class UMBPMasterClient:
                 self._stub = pb_grpc.UMBPMasterStub(self._channel)
             return self._stub
 
-    def _call(self, rpc, request, timeout=None):
+    def _call(self, rpc, request):
         try:
-            return getattr(self._get_stub(), rpc)(request, timeout=timeout)
+            return getattr(self._get_stub(), rpc)(request, timeout=self.timeout)
         except grpc.RpcError as e:
             details = e.details() if hasattr(e, "details") else str(e)
             raise RuntimeError("%s failed: %s" % (rpc, details)) from None

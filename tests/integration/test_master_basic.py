@@ -232,3 +232,42 @@ def test_bad_metrics_port_argument_fails():
                        text=True, timeout=30)
     assert r.returncode != 0 and "metrics_port" in r.stderr
     assert "ThreadSanitizer" not in r.stderr, r.stderr  # a report also exits non-zero
+
+
+def test_python_client_raises_on_a_master_that_does_not_answer():
+    # A master that accepted the connection but does not answer (SIGSTOP: a hung process, a
+    # stuck VM): calls raise RuntimeError at the client's deadline instead of blocking.
+    import threading
+    import time
+
+    m = Master(metrics=False)
+    try:
+        warm = UMBPMasterClient(m.addr, timeout=1)
+        assert warm.match_external_kv(["warm"]) == []  # channel connected
+        assert UMBPMasterClient(m.addr).timeout == 5.0  # the default
+        os.kill(m.proc.pid, signal.SIGSTOP)
+        try:
+            for c in (warm, UMBPMasterClient(m.addr, timeout=1)):  # connected, then fresh
+                res = {}
+
+                def call():
+                    t0 = time.monotonic()
+                    try:
+                        res["r"] = c.match_external_kv(["h"])
+                    except RuntimeError as e:
+                        res["r"] = e
+                    res["t"] = time.monotonic() - t0
+
+                t = threading.Thread(target=call, daemon=True)
+                t.start()
+                t.join(60)
+                assert "t" in res, "still blocked after 60 s"
+                assert isinstance(res["r"], RuntimeError), res
+                assert str(res["r"]).startswith("MatchExternalKv failed: ")
+                assert res["t"] < 30
+        finally:
+            os.kill(m.proc.pid, signal.SIGCONT)
+        with pytest.raises(ValueError):
+            UMBPMasterClient(m.addr, timeout=0)
+    finally:
+        assert m.stop() == 0
