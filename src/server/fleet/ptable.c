@@ -50,3 +50,12 @@ void ptable_each(const struct ptable *t, void (*fn)(struct pt_entry *e, void *ar
         for (struct htab_node *n = t->tab.b[b]; n; n = n->next)
             fn(HTAB_ENTRY(n, struct pt_entry, hn), arg);
 }
+
+size_t ptable_nbuckets(const struct ptable *t) { return t->tab.nb; }
+
+bool ptable_each_in_bucket(const struct ptable *t, size_t b,
+                           bool (*fn)(struct pt_entry *e, void *arg), void *arg) {
+    for (struct htab_node *n = t->tab.b[b]; n; n = n->next)
+        if (!fn(HTAB_ENTRY(n, struct pt_entry, hn), arg)) return false;
+    return true;
+}

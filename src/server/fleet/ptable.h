@@ -10,6 +10,7 @@
 #ifndef LMCACHE_SERVER_FLEET_PTABLE_H
 #define LMCACHE_SERVER_FLEET_PTABLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,5 +43,16 @@ void ptable_remove(struct ptable *t, struct pt_entry *e);
 
 /* Calls fn on every entry (fn must not insert or remove). */
 void ptable_each(const struct ptable *t, void (*fn)(struct pt_entry *e, void *arg), void *arg);
+
+/* A walk that may drop the owner's lock between buckets: visit buckets 0, 1, ... while
+ * b < ptable_nbuckets(t), re-read after every retake of the lock. Every entry that stays in the
+ * table throughout is visited at least once even when inserts grow the table in between (growth
+ * doubles the buckets: bucket b's entries move to b or b + the old count, so none moves behind
+ * the walk); an entry may be visited twice. Entries must not be removed while a walk is open. */
+size_t ptable_nbuckets(const struct ptable *t);
+/* Calls fn on bucket b's entries until it returns false; returns false when fn stopped. fn must
+ * not insert or remove. */
+bool ptable_each_in_bucket(const struct ptable *t, size_t b,
+                           bool (*fn)(struct pt_entry *e, void *arg), void *arg);
 
 #endif

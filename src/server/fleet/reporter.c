@@ -35,6 +35,7 @@ struct entry {
     uint32_t cnt[NT];    /* objects with this hash per tier (object groups share a hash) */
     uint8_t reported;    /* tiers the master was last told of (bit per tier) */
     bool queued;
+    uint32_t sync_gen; /* the full report that last copied it (0: none) */
 };
 
 struct reporter {
@@ -54,7 +55,8 @@ struct reporter {
     size_t pending;
     bool stopping;
 
-    double next_hb; /* monotonic seconds; the thread's own */
+    double next_hb;    /* monotonic seconds; the thread's own */
+    uint32_t sync_gen; /* the latest full report; the thread's own */
 
     /* thread state, read by /status without a lock */
     _Atomic bool connected, registered, dirty;
@@ -296,39 +298,79 @@ static void flush(struct reporter *r) {
     }
 }
 
-struct snap {
-    struct hexbatch *all; /* one per tier */
-    bool oom;
+/* Digests copied out of the table under mu for one step of a full report. */
+struct synccopy {
+    uint8_t (*hash)[HASH_LEN];
+    uint8_t *mask;
+    size_t n, taken, cap;
+    uint32_t gen;
 };
 
-static void snap_one(struct pt_entry *p, void *arg) {
-    struct snap *sn = arg;
-    const struct entry *en = PT_OWNER(p, struct entry, pe);
-    for (int t = 0; t < NT && !sn->oom; t++)
-        if ((en->reported & (1u << t)) && hb_add(&sn->all[t], p->hash) < 0) sn->oom = true;
+static bool copy_one(struct pt_entry *p, void *arg) {
+    struct synccopy *sc = arg;
+    struct entry *en = PT_OWNER(p, struct entry, pe);
+    if (en->sync_gen == sc->gen) return true; /* copied before the table grew */
+    if (sc->taken == sc->cap) return false;
+    sc->taken++;
+    en->sync_gen = sc->gen;
+    uint8_t cur = mask_of(en);
+    en->reported = cur; /* what this report tells the master; later changes are queued */
+    if (cur) {
+        memcpy(sc->hash[sc->n], p->hash, HASH_LEN);
+        sc->mask[sc->n++] = cur;
+    }
+    return true;
 }
 
-/* The idempotent full report: the node's placements are dropped and every held hash is
- * reported anew. Changes queued meanwhile follow in later flushes. */
-static int full_sync(struct reporter *r) {
-    struct hexbatch all[NT] = {0};
-    bool oom = false;
-    take_queue(r, 0, NULL, NULL, &oom); /* the queue is folded into the snapshot */
+/* One step of a full report: copies the state of up to sc->cap entries that this report has
+ * not copied yet, walking the buckets from *b on, under mu (O(cap) per hold, no allocation).
+ * Returns false once the walk is past the last bucket. */
+static bool take_sync_batch(struct reporter *r, size_t *b, struct synccopy *sc) {
+    sc->n = sc->taken = 0;
     pthread_mutex_lock(&r->mu);
-    struct snap sn = {all, false};
-    ptable_each(&r->tab, snap_one, &sn);
-    oom = sn.oom;
+    while (*b < ptable_nbuckets(&r->tab) && ptable_each_in_bucket(&r->tab, *b, copy_one, sc))
+        (*b)++;
+    bool more = *b < ptable_nbuckets(&r->tab);
     pthread_mutex_unlock(&r->mu);
+    return more;
+}
+
+/* The idempotent full report: the node's placements are dropped, then every held hash is
+ * reported anew, in steps of at most BATCH_MAX entries copied under mu and hex-encoded and sent
+ * outside it, so the placement listener never waits long. Why nothing is lost while the lock is
+ * dropped (docs/threads.md): only this thread removes entries, and not during a report; a step
+ * sets each copied entry's `reported` to the state it copies, so a change after that step is
+ * queued and sent by a flush after the report (which follows all its RPCs); an entry changed
+ * before its step is copied in its new state (its queued change then nets to nothing); an entry
+ * added during the report is queued with `reported` 0 whether or not a step copies it; growth
+ * of the table never moves an entry behind the walk, and sync_gen skips one copied twice. */
+static int full_sync(struct reporter *r) {
+    struct hexbatch hx[NT] = {0};
+    struct synccopy sc = {.cap = BATCH_MAX};
+    sc.hash = malloc(sc.cap * sizeof(*sc.hash));
+    sc.mask = malloc(sc.cap);
+    if (++r->sync_gen == 0) r->sync_gen = 1; /* 0 is a new entry's */
+    sc.gen = r->sync_gen;
     int rc = -1;
     char err[256] = "";
-    if (!oom) {
+    if (sc.hash && sc.mask) {
         rc = umbp_revoke_all_external_kv_blocks_for_node(r->c, r->node_id, err, sizeof(err));
         if (rc != 0) failed(r, "RevokeAllExternalKvBlocksForNode", rc, err);
         metric_inc(r->m_revokes, rc == 0);
     }
-    for (int t = 0; rc == 0 && t < NT; t++)
-        if (all[t].n) rc = send_batch(r, &all[t], t, true);
-    for (int t = 0; t < NT; t++) hb_free(&all[t]);
+    size_t b = 0;
+    for (bool more = true; rc == 0 && more;) {
+        more = take_sync_batch(r, &b, &sc);
+        for (int t = 0; t < NT; t++) hx[t].n = 0;
+        for (size_t i = 0; rc == 0 && i < sc.n; i++)
+            for (int t = 0; rc == 0 && t < NT; t++)
+                if ((sc.mask[i] & (1u << t)) && hb_add(&hx[t], sc.hash[i]) < 0) rc = -1;
+        for (int t = 0; rc == 0 && t < NT; t++)
+            if (hx[t].n) rc = send_batch(r, &hx[t], t, true);
+    }
+    for (int t = 0; t < NT; t++) hb_free(&hx[t]);
+    free(sc.hash);
+    free(sc.mask);
     if (rc == 0) {
         atomic_store(&r->dirty, false);
         atomic_store(&r->resync_hb, (int32_t)atomic_load(&r->hb_answered));
