@@ -391,9 +391,11 @@ static void h_heartbeat(struct master *m, const ProtobufCMessage *in, struct mrp
                  q->node_id);
         met_client_count(m);
     }
-    met_caps(m, q->node_id, &caps);
+    /* No per-node series for a node the master does not know: made-up ids would fill the
+     * families (METRIC_MAX_SERIES) for good. */
+    if (res != MSTORE_HB_UNKNOWN) met_caps(m, q->node_id, &caps);
     met_kv_live(m, q);
-    if (m->met) {
+    if (m->met && res != MSTORE_HB_UNKNOWN) {
         const char *v[] = {q->node_id};
         if (full_sync_wanted) met_add(m->met->seq_gap, v, 1);
         if (total) met_add(m->met->events_applied, v, (double)total);

@@ -161,6 +161,25 @@ def test_metrics_endpoint(master):
     c.unregister_self()
 
 
+def test_heartbeats_of_unknown_nodes_create_no_metric_series(master):
+    # Heartbeats for made-up node ids (no registration needed) once filled the per-node
+    # capacity families for good (4096 series each): a real node then got none.
+    s = stub(master)
+    caps = [pb.TierCapacity(tier=pb.TIER_DRAM, total_capacity_bytes=GB,
+                            available_capacity_bytes=GB)]
+    ev = pb.KvEvent(kind=pb.KvEvent.ADD, key="k", tier=pb.TIER_DRAM, size=1)
+    for i in range(50):
+        h = s.Heartbeat(pb.HeartbeatRequest(node_id="ghost-%d" % i, tier_capacities=caps,
+                                            bundles=[pb.EventBundle(seq=1, events=[ev])]))
+        assert h.status == pb.CLIENT_STATUS_UNKNOWN
+    s.RegisterClient(pb.RegisterClientRequest(node_id="real", tier_capacities=caps))
+    s.Heartbeat(pb.HeartbeatRequest(node_id="real", tier_capacities=caps))
+    text = master.metrics()
+    assert 'node="ghost-' not in text
+    assert 'mori_umbp_client_capacity_total_bytes{node="real",tier="DRAM"}' in text
+    s.UnregisterClient(pb.UnregisterClientRequest(node_id="real"))
+
+
 def test_report_metrics_relay_with_tags(master):
     s = stub(master)
     s.RegisterClient(pb.RegisterClientRequest(node_id="rel", tags=["sgl_role=prefill", "junk"]))
