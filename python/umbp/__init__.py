@@ -103,7 +103,9 @@ def _tier(t):
         return int(t)
 
 
-DEFAULT_TIMEOUT = 5.0
+# Long enough for a report of a million hashes to a Redis-backed master (about 125k hashes a
+# second), short enough that a hung master cannot hold a routing path for good.
+DEFAULT_TIMEOUT = 30.0
 
 
 class UMBPMasterClient:
