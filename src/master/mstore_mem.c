@@ -48,6 +48,7 @@ static int do_nmap_insert(uint32_t *map, uint32_t cap, struct node **nodes, uint
 static uint32_t do_node_intern(struct mem *m, const char *id) {
     uint32_t idx = mem_node_find(m, id);
     if (idx != UINT32_MAX) return idx;
+    if (m->nnodes >= UINT32_MAX / 4) return UINT32_MAX; /* the id map's size stays in 32 bits */
     if ((m->nnodes + 1) * 2 > m->nmap_cap) {
         uint32_t ncap = m->nmap_cap * 2;
         uint32_t *nm = xcalloc(ncap, sizeof(*nm));
@@ -58,8 +59,8 @@ static uint32_t do_node_intern(struct mem *m, const char *id) {
         m->nmap_cap = ncap;
     }
     if (m->nnodes == m->ncap) {
-        uint32_t nc = m->ncap ? m->ncap * 2 : 16;
-        struct node **nn = realloc(m->nodes, nc * sizeof(*nn));
+        uint32_t nc = cap_next(m->ncap, 16);
+        struct node **nn = nc ? realloc(m->nodes, (size_t)nc * sizeof(*nn)) : NULL;
         if (!nn) return UINT32_MAX;
         m->nodes = nn;
         m->ncap = nc;
@@ -162,8 +163,8 @@ static int block_add(struct mem *m, const char *k, uint32_t node, int tier, uint
             goto out;
         }
     if (e->nloc == e->loccap) {
-        uint32_t nc = e->loccap ? e->loccap * 2 : 2;
-        void *l = realloc(e->locs, nc * sizeof(*e->locs));
+        uint32_t nc = cap_next(e->loccap, 2);
+        void *l = nc ? realloc(e->locs, (size_t)nc * sizeof(*e->locs)) : NULL;
         if (!l) {
             if (!e->nloc) do_bunlink_free(sh, e);
             rc = -1;

@@ -62,7 +62,7 @@ struct xent {
     uint64_t hits;
     int64_t last_seen;
     uint32_t hv;
-    uint16_t nplace, plcap;
+    uint32_t nplace, plcap; /* one placement per node: as many as nodes */
     uint16_t klen;
     char key[];
 };
@@ -124,6 +124,13 @@ struct mem {
 #define MEM(s) ((struct mem *)(s))
 
 static inline void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
+
+/* The next capacity of an array grown by doubling, first when empty; 0 when the doubled
+ * count would not fit its 32 bits (callers treat that as out of memory). */
+static inline uint32_t cap_next(uint32_t cap, uint32_t first) {
+    if (!cap) return first;
+    return cap > UINT32_MAX / 2 ? 0 : cap * 2;
+}
 
 /* ---- mstore_mem.c ---- */
 /* Caller holds meta (any mode). UINT32_MAX when absent. */

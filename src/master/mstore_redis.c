@@ -70,7 +70,8 @@ const char *rs_intern(struct rstore *r, const char *p, size_t n, uint32_t *idx) 
     }
     if (r->nids == r->capids) {
         uint32_t nc = r->capids ? r->capids * 2 : 64;
-        struct ident **v = realloc(r->ids, nc * sizeof(*v));
+        struct ident **v =
+            r->capids <= UINT32_MAX / 2 ? realloc(r->ids, (size_t)nc * sizeof(*v)) : NULL;
         if (!v) goto done;
         r->ids = v;
         r->capids = nc;

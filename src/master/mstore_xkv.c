@@ -49,13 +49,14 @@ static struct xent *do_xfind(struct xshard *sh, const char *k, size_t klen, uint
 
 static void do_xunlink_free(struct mem *m, struct xshard *sh, struct xent *e) {
     htab_remove(&sh->t, &e->hn, e->hv);
-    atomic_fetch_sub(&m->xbytes, sizeof(*e) + e->klen + 1 + e->plcap * sizeof(struct xplace));
+    atomic_fetch_sub(&m->xbytes,
+                     sizeof(*e) + e->klen + 1 + (size_t)e->plcap * sizeof(struct xplace));
     free(e->pl);
     free(e);
 }
 
 static struct xplace *xplace_of(struct xent *e, uint32_t node) {
-    for (uint16_t i = 0; i < e->nplace; i++)
+    for (uint32_t i = 0; i < e->nplace; i++)
         if (e->pl[i].node == node) return &e->pl[i];
     return NULL;
 }
@@ -63,8 +64,11 @@ static struct xplace *xplace_of(struct xent *e, uint32_t node) {
 static struct xrev *do_xrev(struct xshard *sh, uint32_t node, int tier, bool create) {
     if (node >= sh->nrev) {
         if (!create) return NULL;
-        uint32_t nn = node + 8;
-        void *r = realloc(sh->rev, nn * sizeof(*sh->rev));
+        /* Doubling: growing by a few rows per new node copied the rows quadratically. */
+        uint32_t nn = sh->nrev ? sh->nrev : 8;
+        while (nn && nn <= node) nn = cap_next(nn, 8);
+        if (!nn) return NULL;
+        void *r = realloc(sh->rev, (size_t)nn * sizeof(*sh->rev));
         if (!r) return NULL;
         sh->rev = r;
         memset(&sh->rev[sh->nrev], 0, (nn - sh->nrev) * sizeof(*sh->rev));
@@ -95,18 +99,18 @@ static int do_xadd(struct mem *m, struct xshard *sh, const char *k, uint32_t hv,
     struct xrev *rv = do_xrev(sh, node, tier, true);
     if (!rv) goto nomem;
     if (rv->n == rv->cap) {
-        uint32_t nc = rv->cap ? rv->cap * 2 : 16;
-        void *v = realloc(rv->v, nc * sizeof(*rv->v));
+        uint32_t nc = cap_next(rv->cap, 16);
+        void *v = nc ? realloc(rv->v, (size_t)nc * sizeof(*rv->v)) : NULL;
         if (!v) goto nomem;
         rv->v = v;
         rv->cap = nc;
     }
     if (!p) {
         if (e->nplace == e->plcap) {
-            uint16_t nc = e->plcap ? (uint16_t)(e->plcap * 2) : 1;
-            void *pl = realloc(e->pl, nc * sizeof(*e->pl));
-            if (!pl) goto nomem;
-            atomic_fetch_add(&m->xbytes, (nc - e->plcap) * sizeof(struct xplace));
+            uint32_t nc = cap_next(e->plcap, 1);
+            void *pl = nc ? realloc(e->pl, (size_t)nc * sizeof(*e->pl)) : NULL;
+            if (!pl) goto nomem; /* e->pl is untouched: realloc failed or never ran */
+            atomic_fetch_add(&m->xbytes, (size_t)(nc - e->plcap) * sizeof(struct xplace));
             e->pl = pl;
             e->plcap = nc;
         }
@@ -432,7 +436,7 @@ int mem_ext_match(struct mstore *s, const struct mstore_key *keys, size_t n, boo
                 hcap = nc;
             }
             hoff[i] = (uint32_t)nh;
-            for (uint16_t p = 0; p < e->nplace; p++)
+            for (uint32_t p = 0; p < e->nplace; p++)
                 h[nh++] = (struct mstore_hitrec){(uint32_t)i, e->pl[p].node, e->pl[p].tiers};
             if (count_as_hit) {
                 e->hits++;

@@ -278,6 +278,42 @@ static void test_ext_table_grows_and_keeps_every_entry(void **st) {
     s->ops->destroy(s);
 }
 
+/* One hash held by more nodes than a 16-bit count holds: the placement array grew by
+ * doubling a uint16_t capacity, which wrapped to 0 at the 32769th node (realloc to 0 bytes
+ * freed the array the entry kept). Every placement must be reported, matched and revoked. */
+static void test_ext_placements_past_65536_nodes(void **st) {
+    (void)st;
+    struct mstore *s = mk();
+    enum { N = 65536 + 64 };
+    char id[32], *h = "the-hash";
+    for (uint32_t i = 0; i < N; i++) {
+        snprintf(id, sizeof(id), "n%u", i);
+        reg(s, id, 0);
+        assert_int_equal(s->ops->ext_report(s, id, &h, 1, 2), 1);
+    }
+    assert_int_equal(s->ops->ext_count(s), N);
+    struct mstore_key qk = {h, strlen(h)};
+    struct mstore_match mt;
+    assert_int_equal(s->ops->ext_match(s, &qk, 1, false, 0, &mt), 0);
+    assert_int_equal(mt.nnodes, N);
+    for (uint32_t i = 0; i < mt.nnodes; i++) {
+        assert_int_equal(mt.nodes[i].distinct, 1);
+        assert_int_equal(mt.nodes[i].tiers[0].tier, 2);
+    }
+    mstore_match_free(&mt);
+    /* Revoked in the order that finds each at the array's head (a removal moves the last
+     * placement into the hole), so the test stays linear. */
+    for (uint32_t k = 0; k < N; k++) {
+        snprintf(id, sizeof(id), "n%u", k == 0 ? 0 : N - k);
+        s->ops->ext_revoke(s, id, &h, 1, 2);
+    }
+    assert_int_equal(s->ops->ext_count(s), 0);
+    assert_int_equal(s->ops->ext_match(s, &qk, 1, false, 0, &mt), 0);
+    assert_int_equal(mt.nnodes, 0);
+    mstore_match_free(&mt);
+    s->ops->destroy(s);
+}
+
 static uint64_t zero_rand(void) { return 0; }
 
 static void test_route_policies(void **st) {
@@ -319,6 +355,7 @@ int main(void) {
         cmocka_unit_test(test_ext_index_and_hits),
         cmocka_unit_test(test_reverse_index_consistency),
         cmocka_unit_test(test_ext_table_grows_and_keeps_every_entry),
+        cmocka_unit_test(test_ext_placements_past_65536_nodes),
         cmocka_unit_test(test_route_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
