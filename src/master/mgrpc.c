@@ -10,6 +10,7 @@
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,14 @@ struct mgrpc {
     atomic_int outstanding;   /* request slots armed and not yet completed */
     atomic_int shutdown_done; /* the shutdown tag came back: no call is left */
     int shutdown_tag;
+    /* Handlers running, and whether new ones may start. gRPC's shutdown tag can come back
+     * while a worker is still inside a handler (its call cancelled): that worker then starts
+     * its reply batch and re-arms a slot, both on the completion queue, which must not be shut
+     * down before. mgrpc_stop closes the gate and waits for the count to reach zero. */
+    pthread_mutex_t gate_mu;
+    pthread_cond_t gate_cv;
+    int running;
+    bool gate_closed;
 };
 
 static void call_free(struct mcall *c) {
@@ -190,6 +199,21 @@ static void handle(struct mcall *c) {
     finish(c, (grpc_status_code)r.status, r.msg, r.buf, r.len);
 }
 
+/* false once mgrpc_stop has closed the gate: the call must then be dropped unanswered. */
+static bool gate_enter(struct mgrpc *g) {
+    pthread_mutex_lock(&g->gate_mu);
+    bool open = !g->gate_closed;
+    if (open) g->running++;
+    pthread_mutex_unlock(&g->gate_mu);
+    return open;
+}
+
+static void gate_leave(struct mgrpc *g) {
+    pthread_mutex_lock(&g->gate_mu);
+    if (--g->running == 0 && g->gate_closed) pthread_cond_broadcast(&g->gate_cv);
+    pthread_mutex_unlock(&g->gate_mu);
+}
+
 static void *worker(void *arg) {
     struct mgrpc *g = arg;
     for (;;) {
@@ -205,13 +229,14 @@ static void *worker(void *arg) {
         if (c->magic != CALL_MAGIC) abort();
         if (c->stage == ST_REQUESTED) {
             atomic_fetch_sub(&g->outstanding, 1);
-            if (!ev.success) { /* server shutting down */
+            if (!ev.success || !gate_enter(g)) { /* server shutting down */
                 call_free(c);
                 continue;
             }
             if (arm(g, c->method) && !atomic_load(&g->stopping))
                 log_error(g->m->lg, "[Master] could not re-arm a request slot");
             handle(c);
+            gate_leave(g);
         } else {
             call_free(c);
         }
@@ -228,6 +253,8 @@ struct mgrpc *mgrpc_start(struct master *m, const char *addr, int nthreads, int 
         return NULL;
     }
     g->m = m;
+    pthread_mutex_init(&g->gate_mu, NULL);
+    pthread_cond_init(&g->gate_cv, NULL);
     grpc_arg args[2];
     args[0].type = args[1].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -251,6 +278,8 @@ struct mgrpc *mgrpc_start(struct master *m, const char *addr, int nthreads, int 
                GRPC_QUEUE_SHUTDOWN) {
         }
         grpc_completion_queue_destroy(g->cq);
+        pthread_mutex_destroy(&g->gate_mu);
+        pthread_cond_destroy(&g->gate_cv);
         free(g);
         return NULL;
     }
@@ -301,6 +330,15 @@ void mgrpc_stop(struct mgrpc *g, int grace_sec) {
         while (!atomic_load(&g->shutdown_done))
             gpr_sleep_until(
                 gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(2, GPR_TIMESPAN)));
+        /* A handler still running (say, waiting on an unresponsive Redis: bounded by the
+         * store's socket timeouts) finishes before the queue is shut down; its reply goes
+         * nowhere, its call being cancelled. */
+        pthread_mutex_lock(&g->gate_mu);
+        g->gate_closed = true;
+        if (g->running)
+            log_warn(g->m->lg, "[Master] waiting for %d running call(s) to return", g->running);
+        while (g->running) pthread_cond_wait(&g->gate_cv, &g->gate_mu);
+        pthread_mutex_unlock(&g->gate_mu);
     }
     grpc_server_destroy(g->server);
     grpc_completion_queue_shutdown(g->cq);
@@ -310,6 +348,8 @@ void mgrpc_stop(struct mgrpc *g, int grace_sec) {
                GRPC_QUEUE_SHUTDOWN) {
         }
     grpc_completion_queue_destroy(g->cq);
+    pthread_mutex_destroy(&g->gate_mu);
+    pthread_cond_destroy(&g->gate_cv);
     free(g->threads);
     free(g);
 }

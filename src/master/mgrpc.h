@@ -13,7 +13,8 @@ struct mgrpc;
  * bound port. */
 struct mgrpc *mgrpc_start(struct master *m, const char *addr, int nthreads, int *port, char *err,
                           size_t errlen);
-/* Stops accepting, gives in-flight calls grace_sec to finish, cancels the rest, joins. */
+/* Stops accepting, gives in-flight calls grace_sec to finish, cancels the rest, waits for the
+ * handlers still running (a cancelled call's handler runs to its end), joins. */
 void mgrpc_stop(struct mgrpc *g, int grace_sec);
 
 #endif

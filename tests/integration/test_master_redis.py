@@ -334,6 +334,52 @@ def test_redis_that_never_answers_gives_unavailable_not_a_hang():
         lst.close()
 
 
+def test_sigterm_while_a_call_waits_on_a_paused_redis_exits_cleanly(redis):
+    """SIGTERM while a call waits on a stalled Redis for longer than the grace period: the
+    master waits for that handler (bounded by the socket timeout) before it shuts gRPC's
+    queue down, and exits 0; it used to abort in gRPC (SIGABRT) when the late handler sent
+    its reply."""
+    import os
+    import signal
+    import threading
+
+    env = dict(redis_env(redis=redis), UMBP_REDIS_SOCKET_TIMEOUT_MS="3000",
+               UMBP_GRPC_SHUTDOWN_DEADLINE_SEC="1", LMCACHE_MASTER_REDIS_CACHE_MB="0",
+               MORI_UMBP_LOG_LEVEL="warn")
+    m = Master(env=env, metrics=False)
+    paused = False
+    try:
+        s = stub(m)
+        s.MatchExternalKv(pb.MatchExternalKvRequest(hashes=["warm"]))  # a pooled connection
+        os.kill(redis.proc.pid, signal.SIGSTOP)  # stalled, its socket still open
+        paused = True
+        errs = []
+
+        def call():
+            try:
+                s.MatchExternalKv(pb.MatchExternalKvRequest(hashes=["x"]), timeout=60)
+            except grpc.RpcError as e:
+                errs.append(e.code())
+
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        time.sleep(1.0)  # the call is in its handler, waiting on Redis
+        t0 = time.monotonic()
+        rc = m.stop(timeout=60)
+        took = time.monotonic() - t0
+        assert rc == 0, (rc, m.stderr[-3000:])
+        assert "waiting for 1 running call(s) to return" in m.stderr  # past the grace period
+        # Two socket timeouts at most (one retry on a new connection), plus slack.
+        assert took < 30, took
+        t.join(timeout=30)
+        assert errs and errs[0] in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), errs
+    finally:
+        if paused:
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        if m.proc.poll() is None:
+            m.stop()
+
+
 def test_multi_mode_two_endpoints_and_a_failed_shard():
     from master_util import redis_multi_env
 
