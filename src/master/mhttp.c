@@ -1,5 +1,6 @@
-/* Minimal HTTP/1.1 server for /metrics: one thread polling the listen socket and a wake
- * pipe; each connection is read once (bounded, with a timeout), answered and closed. */
+/* Minimal HTTP/1.1 server for /metrics and /route: one thread polling the listen socket and
+ * a wake pipe; each connection is read once (bounded), answered and closed, all within one
+ * deadline from its accept. */
 #include "master/mhttp.h"
 
 #include <arpa/inet.h>
@@ -8,11 +9,11 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -29,48 +30,72 @@ struct mhttp {
     void *arg;
 };
 
-static void write_all(int fd, const char *p, size_t n) {
+/* A connection has this long from its accept to send its request and read the answer: the
+ * port has one thread, so a client trickling bytes or reading slowly must not hold it. */
+#define CONN_DEADLINE_S 5.0
+
+/* Waits (poll, the time left) until fd is ready for ev: false once the deadline has passed. */
+static bool wait_fd(int fd, short ev, double deadline) {
+    for (;;) {
+        double left = deadline - clock_mono();
+        if (left <= 0) return false;
+        struct pollfd p = {fd, ev, 0};
+        int r = poll(&p, 1, (int)(left * 1000.0) + 1);
+        if (r < 0 && errno == EINTR) continue;
+        return r > 0;
+    }
+}
+
+/* recv that gives up at the deadline (-1). */
+static ssize_t recv_by(int fd, char *buf, size_t n, double deadline) {
+    for (;;) {
+        if (!wait_fd(fd, POLLIN, deadline)) return -1;
+        ssize_t r = recv(fd, buf, n, MSG_DONTWAIT);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        return r;
+    }
+}
+
+static void write_all(int fd, const char *p, size_t n, double deadline) {
     while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
+        if (!wait_fd(fd, POLLOUT, deadline)) return;
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
         if (w <= 0) return;
         p += w;
         n -= (size_t)w;
     }
 }
 
-static void respond_type(int fd, const char *status, const char *type, const char *body,
-                         size_t len) {
+static void respond_type(int fd, double deadline, const char *status, const char *type,
+                         const char *body, size_t len) {
     char hdr[256];
     int n = snprintf(hdr, sizeof(hdr),
                      "HTTP/1.1 %s\r\nContent-Type: %s\r\n"
                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
                      status, type, len);
-    write_all(fd, hdr, (size_t)n);
-    write_all(fd, body, len);
+    write_all(fd, hdr, (size_t)n, deadline);
+    write_all(fd, body, len, deadline);
 }
 
-static void respond(int fd, const char *status, const char *body, size_t len) {
-    respond_type(fd, status, "text/plain; version=0.0.4; charset=utf-8", body, len);
+static void respond(int fd, double deadline, const char *status, const char *body, size_t len) {
+    respond_type(fd, deadline, status, "text/plain; version=0.0.4; charset=utf-8", body, len);
 }
 
 #define ROUTE_HEADER_MAX 8192
-#define ROUTE_DEADLINE_S 5.0
 
 /* POST /route (docs/master.md, "Routing query"): headers up to 8 KiB, a Content-Length body
- * up to MQUERY_MAX_BODY, the whole request within 5 s; the query itself is bounded by mquery.
- * got bytes of the request are in req already. */
-static void serve_route(struct mhttp *h, int fd, const char *req, size_t got) {
-    double deadline = clock_mono() + ROUTE_DEADLINE_S;
+ * up to MQUERY_MAX_BODY, all within the connection's deadline; the query itself is bounded by
+ * mquery. got bytes of the request are in req already. */
+static void serve_route(struct mhttp *h, int fd, double deadline, const char *req, size_t got) {
     char *buf = malloc(ROUTE_HEADER_MAX + 1);
     if (!buf) return;
     size_t n = got < ROUTE_HEADER_MAX ? got : ROUTE_HEADER_MAX;
     memcpy(buf, req, n);
     buf[n] = 0;
     char *end;
-    while (!(end = strstr(buf, "\r\n\r\n")) && n < ROUTE_HEADER_MAX && clock_mono() < deadline) {
-        ssize_t r = recv(fd, buf + n, ROUTE_HEADER_MAX - n, 0);
-        if (r < 0 && errno == EINTR) continue;
+    while (!(end = strstr(buf, "\r\n\r\n")) && n < ROUTE_HEADER_MAX) {
+        ssize_t r = recv_by(fd, buf + n, ROUTE_HEADER_MAX - n, deadline);
         if (r <= 0) break;
         n += (size_t)r;
         buf[n] = 0;
@@ -78,7 +103,7 @@ static void serve_route(struct mhttp *h, int fd, const char *req, size_t got) {
     const char *status = "400 Bad Request", *msg = "{\"error\":\"incomplete request\"}";
     if (!end) {
         if (n >= ROUTE_HEADER_MAX) msg = "{\"error\":\"headers exceed 8 KiB\"}";
-        respond_type(fd, status, "application/json", msg, strlen(msg));
+        respond_type(fd, deadline, status, "application/json", msg, strlen(msg));
         free(buf);
         return;
     }
@@ -93,13 +118,13 @@ static void serve_route(struct mhttp *h, int fd, const char *req, size_t got) {
     }
     if (clen < 0) {
         msg = "{\"error\":\"Content-Length is required\"}";
-        respond_type(fd, "411 Length Required", "application/json", msg, strlen(msg));
+        respond_type(fd, deadline, "411 Length Required", "application/json", msg, strlen(msg));
         free(buf);
         return;
     }
     if (clen > (long long)MQUERY_MAX_BODY) {
         msg = "{\"error\":\"request body exceeds 1 MiB\"}";
-        respond_type(fd, "413 Content Too Large", "application/json", msg, strlen(msg));
+        respond_type(fd, deadline, "413 Content Too Large", "application/json", msg, strlen(msg));
         free(buf);
         return;
     }
@@ -111,14 +136,13 @@ static void serve_route(struct mhttp *h, int fd, const char *req, size_t got) {
     size_t have = n - hlen < (size_t)clen ? n - hlen : (size_t)clen;
     memcpy(body, buf + hlen, have);
     free(buf);
-    while (have < (size_t)clen && clock_mono() < deadline) {
-        ssize_t r = recv(fd, body + have, (size_t)clen - have, 0);
-        if (r < 0 && errno == EINTR) continue;
+    while (have < (size_t)clen) {
+        ssize_t r = recv_by(fd, body + have, (size_t)clen - have, deadline);
         if (r <= 0) break;
         have += (size_t)r;
     }
     if (have < (size_t)clen) {
-        respond_type(fd, status, "application/json", msg, strlen(msg));
+        respond_type(fd, deadline, status, "application/json", msg, strlen(msg));
         free(body);
         return;
     }
@@ -130,20 +154,17 @@ static void serve_route(struct mhttp *h, int fd, const char *req, size_t got) {
              : code == 400 ? "400 Bad Request"
              : code == 413 ? "413 Content Too Large"
                            : "500 Internal Server Error";
-    respond_type(fd, status, "application/json", sb.buf ? sb.buf : "", sb.len);
+    respond_type(fd, deadline, status, "application/json", sb.buf ? sb.buf : "", sb.len);
     sb_free(&sb);
 }
 
 static void serve(struct mhttp *h, int fd) {
-    struct timeval tv = {2, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    double deadline = clock_mono() + CONN_DEADLINE_S;
     char req[4096];
     size_t got = 0;
     /* Read until the request line is complete (or the buffer is full). */
     while (got < sizeof(req) - 1) {
-        ssize_t r = recv(fd, req + got, sizeof(req) - 1 - got, 0);
-        if (r < 0 && errno == EINTR) continue;
+        ssize_t r = recv_by(fd, req + got, sizeof(req) - 1 - got, deadline);
         if (r <= 0) break;
         got += (size_t)r;
         req[got] = 0;
@@ -151,11 +172,11 @@ static void serve(struct mhttp *h, int fd) {
     }
     req[got] = 0;
     if (strncmp(req, "POST /route ", 12) == 0 || strncmp(req, "POST /route?", 12) == 0) {
-        serve_route(h, fd, req, got);
+        serve_route(h, fd, deadline, req, got);
         return;
     }
     if (strncmp(req, "GET /", 5) != 0) {
-        respond(fd, "400 Bad Request", "Bad Request\n", 12);
+        respond(fd, deadline, "400 Bad Request", "Bad Request\n", 12);
         return;
     }
     const char *path = req + 4;
@@ -163,14 +184,14 @@ static void serve(struct mhttp *h, int fd) {
     if (plen == 8 && strncmp(path, "/metrics", 8) == 0) {
         struct strbuf sb = STRBUF_INIT;
         if (h->render(h->arg, &sb) == 0 && !sb.oom) {
-            respond(fd, "200 OK", sb.buf ? sb.buf : "", sb.len);
+            respond(fd, deadline, "200 OK", sb.buf ? sb.buf : "", sb.len);
         } else {
-            respond(fd, "500 Internal Server Error", "error\n", 6);
+            respond(fd, deadline, "500 Internal Server Error", "error\n", 6);
         }
         sb_free(&sb);
         return;
     }
-    respond(fd, "404 Not Found", "Try GET /metrics\n", 17);
+    respond(fd, deadline, "404 Not Found", "Try GET /metrics\n", 17);
 }
 
 static void *loop(void *arg) {

@@ -363,3 +363,56 @@ def test_expired_node_is_revived_by_a_heartbeat_within_the_retention():
         assert h.request_full_sync
     finally:
         assert m.stop() == 0
+
+
+# ---- the metrics port: one thread, so one deadline per connection ----
+
+
+def test_trickling_client_cannot_hold_the_metrics_port(backend):
+    """A client sending a byte a second and never a full request line held the port's one
+    thread for as long as it kept trickling (each byte reset a 2 s timeout): /metrics and
+    /route waited behind it. Every connection now has 5 s from its accept."""
+    import socket
+    import threading
+    import urllib.request
+
+    if backend != "inmemory":
+        pytest.skip("the HTTP port does not depend on the store")
+    m = Master()
+    cut = []
+    stop = threading.Event()
+
+    def trickle():
+        s = socket.create_connection(("127.0.0.1", m.metrics_port))
+        s.settimeout(1.0)
+        t0 = time.monotonic()
+        s.sendall(b"G")
+        try:
+            while not stop.is_set() and time.monotonic() - t0 < 60:
+                try:
+                    s.recv(4096)  # the master answered or closed: cut off
+                    cut.append(time.monotonic() - t0)
+                    return
+                except socket.timeout:
+                    s.sendall(b"E")  # would keep it alive for 4095 bytes x 2 s
+        except OSError:
+            cut.append(time.monotonic() - t0)
+        finally:
+            s.close()
+
+    t = threading.Thread(target=trickle, daemon=True)
+    try:
+        t.start()
+        time.sleep(1.0)  # the trickler holds the connection being served
+        t0 = time.monotonic()
+        url = "http://127.0.0.1:%d/metrics" % m.metrics_port
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.status == 200
+            assert "mori_umbp_client_count" in r.read().decode()
+        assert time.monotonic() - t0 < 15
+        t.join(timeout=30)
+        assert cut and cut[0] < 15, cut
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        assert m.stop() == 0
