@@ -196,6 +196,10 @@ enum opt_type {
       "they stay in L1")                                                                           \
     X(l2_prefetch_max_in_flight, "l2-prefetch-max-in-flight", OPT_INT, "storage_manager", "8", 1,  \
       4096, NULL, 0, "L2 prefetch requests in their lookup/load phases at once")                   \
+    X(l2_prefetch_max_keys, "l2-prefetch-max-keys", OPT_INT, "storage_manager", "262144", 65536,   \
+      16777216, NULL, 0,                                                                           \
+      "Objects the queued and running L2 prefetches may name together (about 1.5 KiB each); a "    \
+      "lookup past it is answered from L1 alone, a warm prefetch gets 503")                        \
     X(log_level, "log-level", OPT_ENUM, "observability", NULL, 0, -1,                              \
       "DEBUG|INFO|WARNING|ERROR|CRITICAL", 0,                                                      \
       "Level of the lmcache loggers (default: $LMCACHE_LOG_LEVEL, else INFO)")

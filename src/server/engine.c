@@ -521,6 +521,7 @@ int engine_start_caches(struct engine *e, char *err, size_t errlen) {
         l2c.l1 = e->l1;
         l2c.quota = e->quota;
         l2c.prefetch_max_in_flight = (uint32_t)c->l2_prefetch_max_in_flight;
+        l2c.prefetch_max_keys = (size_t)c->l2_prefetch_max_keys;
         l2c.store_policy =
             strcmp(c->l2_store_policy, "skip_l1") == 0 ? L2CTL_STORE_SKIP_L1 : L2CTL_STORE_DEFAULT;
         l2c.store_done = engine_l2_store_done;

@@ -820,6 +820,14 @@ int engine_warm_prefetch(struct engine *e, const char *model, uint32_t world_siz
     if (rc != ENGINE_OK) goto out;
     int l2rc = l2ctl_prefetch_submit(e->l2ctl, keys, l1keys, nkeys, L2CTL_TRIM_SPARSE, 0, false,
                                      NULL, NULL, id);
+    if (l2rc == L2_ERR_BUSY) {
+        errbuf_set(err, errlen,
+                   "the L2 prefetches queued and running would name more than "
+                   "--l2-prefetch-max-keys (%ld) objects: retry later",
+                   e->cfg->l2_prefetch_max_keys);
+        rc = ENGINE_ERR_UNAVAILABLE;
+        goto out;
+    }
     if (l2rc != L2_OK) {
         errbuf_set(err, errlen, "%s", l2_strerror(l2rc));
         rc = ENGINE_ERR_UNAVAILABLE;

@@ -426,6 +426,52 @@ static void test_store_failure_counted(void **state) {
     env_fini(&e);
 }
 
+/* Prefetches are bounded by the keys they name together, queued or running: past the bound a
+ * request is refused (L2_ERR_BUSY) without being queued, and a finished request gives its keys
+ * back. Submitted before the controller starts, so none can finish meanwhile. */
+static void test_prefetch_keys_bounded(void **state) {
+    (void)state;
+    struct env e;
+    memset(&e, 0, sizeof(e));
+    snprintf(e.dir, sizeof(e.dir), "/tmp/lmcache-l2c-XXXXXX");
+    assert_non_null(mkdtemp(e.dir));
+    char err[256], js[256];
+    struct l1_config lc = {.size_bytes = 64u << 20, .policy = L1_POLICY_LRU};
+    assert_int_equal(l1_create(&lc, &e.l1, err, sizeof(err)), 0);
+    e.q = quota_create();
+    snprintf(js, sizeof(js), "[{\"type\":\"fs\",\"base_path\":\"%s\"}]", e.dir);
+    json_t *cfg = json_loads(js, 0, NULL);
+    struct l2ctl_config cc = {.l1 = e.l1, .quota = e.q, .prefetch_max_keys = 10};
+    assert_int_equal(l2ctl_create(&cc, cfg, &e.c, err, sizeof(err)), L2_OK);
+    json_decref(cfg);
+    struct keys_object_key k[N];
+    struct l1_key lk[N];
+    for (int i = 0; i < N; i++) mk(&e, i, "b", &k[i], &lk[i]);
+    uint64_t a, b, x;
+    assert_int_equal(
+        l2ctl_prefetch_submit(e.c, k, lk, N, L2CTL_TRIM_SPARSE, 0, false, NULL, NULL, &a), L2_OK);
+    assert_int_equal(
+        l2ctl_prefetch_submit(e.c, k, lk, N, L2CTL_TRIM_SPARSE, 0, false, NULL, NULL, &x),
+        L2_ERR_BUSY);
+    assert_int_equal(
+        l2ctl_prefetch_submit(e.c, k, lk, 2, L2CTL_TRIM_SPARSE, 0, false, NULL, NULL, &b), L2_OK);
+    assert_int_equal(
+        l2ctl_prefetch_submit(e.c, k, lk, 1, L2CTL_TRIM_SPARSE, 0, false, NULL, NULL, &x),
+        L2_ERR_BUSY);
+    struct l2ctl_stats st;
+    l2ctl_stats(e.c, &st);
+    assert_int_equal(st.prefetch_refused, 2);
+    assert_int_equal(l2ctl_start(e.c, err, sizeof(err)), L2_OK);
+    struct l2ctl_prefetch_result r;
+    assert_int_equal(wait_prefetch(&e, a, &r), L2_OK);
+    assert_int_equal(wait_prefetch(&e, b, &r), L2_OK);
+    /* Both finished: the whole bound is free again. */
+    assert_int_equal(
+        l2ctl_prefetch_submit(e.c, k, lk, N, L2CTL_TRIM_SPARSE, 0, false, NULL, NULL, &a), L2_OK);
+    assert_int_equal(wait_prefetch(&e, a, &r), L2_OK);
+    env_fini(&e);
+}
+
 static void test_no_adapters(void **state) {
     (void)state;
     struct l1 *l1;
@@ -460,6 +506,7 @@ int main(void) {
         cmocka_unit_test(test_evict_isolated),
         cmocka_unit_test(test_evict_tracker_from_rescan),
         cmocka_unit_test(test_store_failure_counted),
+        cmocka_unit_test(test_prefetch_keys_bounded),
         cmocka_unit_test(test_no_adapters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -106,6 +106,7 @@ int l2ctl_create(const struct l2ctl_config *cfg, const json_t *adapter_configs, 
     }
     c->cfg = *cfg;
     if (!c->cfg.prefetch_max_in_flight) c->cfg.prefetch_max_in_flight = 8;
+    if (!c->cfg.prefetch_max_keys) c->cfg.prefetch_max_keys = 262144;
     if (!c->cfg.store_queue_max) c->cfg.store_queue_max = 65536;
     if (!c->cfg.store_batch) c->cfg.store_batch = 32;
     c->lg = log_get("lmcache.l2");
@@ -248,6 +249,7 @@ void l2ctl_stats(struct l2ctl *c, struct l2ctl_stats *o) {
     o->skip_l1_deleted = LD(s_skip_l1);
     o->prefetch_requests = LD(p_req);
     o->prefetch_completed = LD(p_done);
+    o->prefetch_refused = LD(p_refused);
     o->prefetch_lookup_objects = LD(p_lookup);
     o->prefetch_found_objects = LD(p_found);
     o->load_completed_objects = LD(l_ok);
@@ -295,6 +297,7 @@ json_t *l2ctl_status(struct l2ctl *c) {
     F(skip_l1_deleted);
     F(prefetch_requests);
     F(prefetch_completed);
+    F(prefetch_refused);
     F(prefetch_lookup_objects);
     F(prefetch_found_objects);
     F(load_completed_objects);

@@ -40,6 +40,7 @@ struct l2ctl_config {
     struct l1 *l1;                   /* borrowed; required */
     struct quota *quota;             /* borrowed; IsolatedLRU L2 eviction limits (may be NULL) */
     uint32_t prefetch_max_in_flight; /* --l2-prefetch-max-in-flight; 0 = 8 */
+    size_t prefetch_max_keys; /* keys of queued and running prefetches together; 0 = 262144 */
     enum l2ctl_store_policy store_policy;
     size_t store_queue_max; /* objects waiting for write-through; 0 = 65536. Beyond it
                                l2ctl_store drops (and counts) the excess */
@@ -76,6 +77,7 @@ struct l2ctl_stats {
     uint64_t skip_l1_deleted; /* objects dropped from L1 by the skip_l1 policy */
     /* prefetch */
     uint64_t prefetch_requests, prefetch_completed;
+    uint64_t prefetch_refused; /* refused: prefetch_max_keys queued or running */
     uint64_t prefetch_lookup_objects, prefetch_found_objects;
     uint64_t load_completed_objects, load_failed_objects, load_bytes;
     uint64_t prefetch_failure_l1_oom, prefetch_failure_not_found;
@@ -131,7 +133,9 @@ size_t l2ctl_store(struct l2ctl *c, const struct keys_object_key *keys, const st
  * At most prefetch_max_in_flight requests are in their lookup/load phases; the rest wait.
  * When cb is set it receives the result on the controller thread and the result is not kept;
  * otherwise poll it with l2ctl_prefetch_poll. Returns L2_OK and the request id (> 0), or
- * L2_ERR_NOMEM / L2_ERR_CLOSED / L2_ERR_NOT_FOUND (no adapters). */
+ * L2_ERR_NOMEM / L2_ERR_CLOSED / L2_ERR_NOT_FOUND (no adapters), or L2_ERR_BUSY when the keys
+ * of the queued and running requests would pass prefetch_max_keys (nothing is queued: about
+ * 1 KiB of the controller's per key, so the queue's memory is bounded). */
 int l2ctl_prefetch_submit(struct l2ctl *c, const struct keys_object_key *keys,
                           const struct l1_key *l1keys, size_t n, enum l2ctl_trim trim,
                           uint32_t read_locks, bool temporary, l2ctl_prefetch_cb cb, void *cb_arg,

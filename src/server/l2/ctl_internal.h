@@ -40,6 +40,7 @@ struct pf_req {
     int phase;
     bool published; /* under r_mu */
     size_t n;
+    size_t held_keys; /* counted in the controller's pf_keys until published */
     struct keys_object_key *keys;
     struct l1_key *l1keys;
     enum l2ctl_trim trim;
@@ -84,10 +85,12 @@ struct l2ctl {
     struct pf_req *last_polled;
     /* controller-thread state */
     size_t store_batches, pf_active;
+    size_t pf_keys; /* keys of the prefetches queued or running (under q_mu) */
     /* stats */
     _Atomic uint64_t s_submitted, s_dropped, s_req_done, s_obj_done, s_obj_failed, s_bytes,
-        s_skip_l1, p_req, p_done, p_lookup, p_found, l_ok, l_failed, l_bytes, p_oom, p_nf,
-        g_store_inflight, g_pf_active, g_pf_queued, g_results, e_obj, e_bytes, e_ticks, e_skipped;
+        s_skip_l1, p_req, p_refused, p_done, p_lookup, p_found, l_ok, l_failed, l_bytes, p_oom,
+        p_nf, g_store_inflight, g_pf_active, g_pf_queued, g_results, e_obj, e_bytes, e_ticks,
+        e_skipped;
 };
 
 #define ADD(f, v) atomic_fetch_add_explicit(&c->f, (v), memory_order_relaxed)

@@ -68,6 +68,14 @@ int l2ctl_prefetch_submit(struct l2ctl *c, const struct keys_object_key *keys,
         ctl_pf_free(r);
         return L2_ERR_CLOSED;
     }
+    if (m > c->cfg.prefetch_max_keys || c->pf_keys > c->cfg.prefetch_max_keys - m) {
+        pthread_mutex_unlock(&c->q_mu);
+        ctl_pf_free(r);
+        ADD(p_refused, 1);
+        return L2_ERR_BUSY;
+    }
+    c->pf_keys += m;
+    r->held_keys = m;
     /* r belongs to the controller thread once it is queued (a callback request is freed as soon
      * as it finishes), so the id is read here, under the lock */
     uint64_t rid = r->id = ++c->next_id;
@@ -92,6 +100,10 @@ int l2ctl_prefetch_submit(struct l2ctl *c, const struct keys_object_key *keys,
 
 void ctl_pf_publish(struct l2ctl *c, struct pf_req *r) {
     r->phase = PF_DONE;
+    pthread_mutex_lock(&c->q_mu);
+    c->pf_keys -= r->held_keys;
+    r->held_keys = 0;
+    pthread_mutex_unlock(&c->q_mu);
     ADD(p_done, 1);
     if (r->cb) {
         struct l2ctl_prefetch_result res = {.id = r->id,
