@@ -499,12 +499,16 @@ static void test_listing(void **state) {
     /* pages of 4 over model org/A: 17 keys, each once */
     int seen[N] = {0};
     size_t total = 0, pages = 0;
-    char *tok = NULL;
+    char *tok = NULL, prev[KEYS_L2_NAME_MAX] = "", name[KEYS_L2_NAME_MAX];
     do {
         assert_int_equal(l2_adapter_list(a, "org/A", 4, tok, &pg, err, sizeof(err)), L2_OK);
         free(tok);
         tok = pg.next_token ? strdup(pg.next_token) : NULL;
         for (size_t i = 0; i < pg.count; i++) {
+            /* in name order, within and across pages */
+            assert_true(keys_l2_name(&pg.entries[i].key, name, sizeof(name)) > 0);
+            assert_true(strcmp(prev, name) < 0);
+            snprintf(prev, sizeof(prev), "%s", name);
             assert_string_equal(pg.entries[i].key.model_name, "org/A");
             assert_int_equal(pg.entries[i].size, 64);
             int idx = pg.entries[i].key.hash[31] | pg.entries[i].key.hash[30] << 8;

@@ -819,6 +819,32 @@ static int cand_cmp(const void *x, const void *y) {
     return strcmp(((const struct cand *)x)->name, ((const struct cand *)y)->name);
 }
 
+/* h[0..n) is a max-heap by name with h[i] perhaps out of place below its children: moves it down.
+ */
+static void cand_sift_down(struct cand *h, size_t n, size_t i) {
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && strcmp(h[l].name, h[m].name) > 0) m = l;
+        if (r < n && strcmp(h[r].name, h[m].name) > 0) m = r;
+        if (m == i) return;
+        struct cand t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static void cand_push(struct cand *h, size_t *n, struct cand c) {
+    size_t i = (*n)++;
+    h[i] = c;
+    while (i > 0 && strcmp(h[(i - 1) / 2].name, h[i].name) < 0) {
+        struct cand t = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
 /* Listing in name order; the token is the hex of the last name returned. */
 static int fs_list(struct l2_adapter *a, const char *model_filter, size_t page_size,
                    const char *token, struct l2_list_page *out, char *err, size_t errlen) {
@@ -841,25 +867,33 @@ static int fs_list(struct l2_adapter *a, const char *model_filter, size_t page_s
         after[tl / 2] = 0;
     }
     size_t mlen = model_filter ? strlen(model_filter) : 0;
-    pthread_mutex_lock(&fs->idx_mu);
-    struct cand *c = malloc((fs->index.count + 1) * sizeof(*c));
+    /* The page's names, the first page_size after the token: a max-heap of that many keeps the
+     * smallest seen (one pass, no copy or sort of the whole index under the lock). */
+    size_t cap = page_size ? page_size : 1;
+    struct cand *c = malloc(cap * sizeof(*c));
     if (!c) {
-        pthread_mutex_unlock(&fs->idx_mu);
         errbuf_set(err, errlen, "out of memory");
         return L2_ERR_NOMEM;
     }
-    size_t nc = 0;
+    pthread_mutex_lock(&fs->idx_mu);
+    size_t nc = 0, kept = 0;
     for (size_t b = 0; b < fs->index.nb; b++) {
         for (struct htab_node *n = fs->index.b[b]; n; n = n->next) {
             const struct fs_entry *e = ENTRY(n);
             if (model_filter && (strncmp(e->name, model_filter, mlen) != 0 || e->name[mlen] != '@'))
                 continue;
             if (after[0] && strcmp(e->name, after) <= 0) continue;
-            c[nc++] = (struct cand){e->name, e->size};
+            nc++;
+            if (kept < page_size) {
+                cand_push(c, &kept, (struct cand){e->name, e->size});
+            } else if (kept && strcmp(e->name, c[0].name) < 0) {
+                c[0] = (struct cand){e->name, e->size};
+                cand_sift_down(c, kept, 0);
+            }
         }
     }
-    qsort(c, nc, sizeof(*c), cand_cmp);
-    size_t take = nc < page_size ? nc : page_size;
+    qsort(c, kept, sizeof(*c), cand_cmp);
+    size_t take = kept;
     out->entries = calloc(take ? take : 1, sizeof(*out->entries));
     int rc = out->entries ? L2_OK : L2_ERR_NOMEM;
     char last[KEYS_L2_NAME_MAX] = "";
