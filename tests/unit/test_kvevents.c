@@ -82,6 +82,15 @@ static void test_full_queue_drops(void **state) {
     }
     assert_int_equal(k->count, QUEUE_MAX);
     assert_int_equal(k->tracked, QUEUE_MAX + 10);
+    /* The dropped events leave a gap in the sequence before the next batch, once. */
+    struct ev *buf = malloc(BATCH_MAX * sizeof(*buf));
+    assert_non_null(buf);
+    assert_int_equal(k->seq, 0);
+    assert_int_equal(take(k, buf), BATCH_MAX);
+    assert_int_equal(k->seq, 1);
+    assert_int_equal(take(k, buf), BATCH_MAX);
+    assert_int_equal(k->seq, 1);
+    free(buf);
     kvevents_free(k);
 }
 

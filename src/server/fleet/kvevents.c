@@ -94,6 +94,7 @@ struct kvevents {
     uint64_t untracked; /* objects held whose hash the table could not take */
     struct ev *ring;
     size_t head, count;
+    uint64_t lost; /* events dropped (queue full) since the last take */
     bool stopping;
     uint64_t seq; /* the kv-events thread's */
     /* rmu (a leaf): the replay ring */
@@ -121,6 +122,7 @@ static struct entry *do_find(struct kvevents *k, const uint8_t *hash) {
 static void do_push(struct kvevents *k, const uint8_t *hash, int medium, int kind) {
     if (k->count == QUEUE_MAX) {
         metric_inc(k->m_dropped, 1);
+        k->lost++;
         return;
     }
     struct ev *v = &k->ring[(k->head + k->count++) % QUEUE_MAX];
@@ -172,6 +174,7 @@ static void on_cleared(void *arg) {
     pthread_mutex_lock(&k->mu);
     if (k->tracked == 0 && k->untracked == 0) {
         k->count = 0;
+        k->lost = 0; /* AllBlocksCleared resets every subscriber's view */
         do_push(k, NULL, 0, K_CLEARED);
         pthread_cond_signal(&k->cv);
     }
@@ -333,14 +336,19 @@ static void publish(struct kvevents *k, const struct ev *evs, size_t n) {
     msgpack_sbuffer_destroy(&sb);
 }
 
-/* Takes up to BATCH_MAX queued events; 0 when none. */
+/* Takes up to BATCH_MAX queued events; 0 when none. When events were dropped since the last
+ * take (a full queue), the sequence skips a number before the batch: subscribers see a gap, as
+ * for a batch lost on the way, rather than a stream that silently lacks events. */
 static size_t take(struct kvevents *k, struct ev *out) {
     pthread_mutex_lock(&k->mu);
     size_t n = k->count < BATCH_MAX ? k->count : BATCH_MAX;
     for (size_t i = 0; i < n; i++) out[i] = k->ring[(k->head + i) % QUEUE_MAX];
     k->head = (k->head + n) % QUEUE_MAX;
     k->count -= n;
+    uint64_t lost = k->lost;
+    k->lost = 0;
     pthread_mutex_unlock(&k->mu);
+    if (lost) k->seq++;
     return n;
 }
 
