@@ -209,10 +209,9 @@ static int same_values(const struct metric *s, const char *const *values, size_t
     return 1;
 }
 
-struct metric *metric_labels(struct metric_family *f, const char *const *values) {
-    if (!f) return NULL;
+/* Caller holds f->lock. */
+static struct metric *labels_locked(struct metric_family *f, const char *const *values) {
     uint64_t h = hash_values(values, f->nlabels);
-    pthread_mutex_lock(&f->lock);
     struct metric *s = f->table[h % SERIES_BUCKETS];
     for (; s; s = s->next)
         if (s->hash == h && same_values(s, values, f->nlabels)) break;
@@ -239,6 +238,13 @@ struct metric *metric_labels(struct metric_family *f, const char *const *values)
             f->nseries++;
         }
     }
+    return s;
+}
+
+struct metric *metric_labels(struct metric_family *f, const char *const *values) {
+    if (!f) return NULL;
+    pthread_mutex_lock(&f->lock);
+    struct metric *s = labels_locked(f, values);
     pthread_mutex_unlock(&f->lock);
     return s;
 }
@@ -274,7 +280,48 @@ uint64_t metric_hist_count(const struct metric *s) {
 }
 
 void metrics_add(struct metric_family *f, const char *const *values, double v) {
-    metric_inc(metric_labels(f, values), v);
+    if (!f) return;
+    pthread_mutex_lock(&f->lock);
+    metric_inc(labels_locked(f, values), v);
+    pthread_mutex_unlock(&f->lock);
+}
+
+void metrics_set(struct metric_family *f, const char *const *values, double v) {
+    if (!f) return;
+    pthread_mutex_lock(&f->lock);
+    metric_set(labels_locked(f, values), v);
+    pthread_mutex_unlock(&f->lock);
+}
+
+size_t metrics_remove_label(struct metric_family *f, size_t label, const char *value) {
+    if (!f || label >= f->nlabels) return 0;
+    size_t n = 0;
+    pthread_mutex_lock(&f->lock);
+    struct metric *prev = NULL;
+    for (struct metric *s = f->first; s;) {
+        struct metric *next = s->order;
+        if (strcmp(s->values[label], value) != 0) {
+            prev = s;
+            s = next;
+            continue;
+        }
+        for (struct metric **pp = &f->table[s->hash % SERIES_BUCKETS]; *pp; pp = &(*pp)->next)
+            if (*pp == s) {
+                *pp = s->next;
+                break;
+            }
+        if (prev)
+            prev->order = next;
+        else
+            f->first = next;
+        if (f->last == s) f->last = prev;
+        f->nseries--;
+        free_series(s);
+        n++;
+        s = next;
+    }
+    pthread_mutex_unlock(&f->lock);
+    return n;
 }
 
 void metrics_reset(struct metrics *m) {

@@ -51,8 +51,14 @@ void metric_observe(struct metric *s, double v); /* histograms */
 double metric_value(const struct metric *s);
 uint64_t metric_hist_count(const struct metric *s);
 
-/* Convenience for counters with labels: look up and add in one call. */
+/* Look up (creating) and add or set in one step under the family's lock: the only way to
+ * update a family whose series metrics_remove_label may remove (a pointer from metric_labels
+ * would not survive the removal). */
 void metrics_add(struct metric_family *f, const char *const *values, double v);
+void metrics_set(struct metric_family *f, const char *const *values, double v);
+/* Removes the series whose label number `label` has this value (a departed node's); returns
+ * how many. Only for families updated through metrics_add/metrics_set. */
+size_t metrics_remove_label(struct metric_family *f, size_t label, const char *value);
 
 /* Zeroes every counter and histogram and every set-gauge (computed gauges are
  * left alone: they report live state). */

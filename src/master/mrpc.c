@@ -132,8 +132,23 @@ static void met_add(struct metric_family *f, const char *const *v, double d) {
 }
 
 static void met_set(struct metric_family *f, const char *const *v, double d) {
-    struct metric *s = f ? metric_labels(f, v) : NULL;
-    if (s) metric_set(s, d);
+    if (f) metrics_set(f, v, d);
+}
+
+static bool labelled_by_node(const char *const *labels) {
+    return labels && labels[0] && !strcmp(labels[0], "node");
+}
+
+/* A node left (unregistered, or expired by the reaper): its series of every per-node family go,
+ * so departed nodes neither stay on /metrics nor fill the families' METRIC_MAX_SERIES. Those
+ * families are only updated by label (metrics_add, metrics_set), never through a kept pointer.
+ * A node that comes back gets them anew. */
+static void met_forget(struct master *m, const char *node) {
+    if (!m->met) return;
+#define MMET_FORGET(f, kind, name, labels, help)                                                   \
+    if (labelled_by_node(labels)) metrics_remove_label(m->met->f, 0, node);
+    MMET_LIST(MMET_FORGET)
+#undef MMET_FORGET
 }
 
 static void met_inc(struct metric *s, double d) {
@@ -275,8 +290,10 @@ static void h_register(struct master *m, const ProtobufCMessage *in, struct mrpc
 
 static void h_unregister(struct master *m, const ProtobufCMessage *in, struct mrpc_reply *r) {
     const Umbp__UnregisterClientRequest *q = (const void *)in;
-    if (m->store->ops->unregister_client(m->store, q->node_id))
+    if (m->store->ops->unregister_client(m->store, q->node_id)) {
         log_info(m->lg, "[Master] Unregistered client %s", q->node_id);
+        met_forget(m, q->node_id);
+    }
     met_client_count(m);
     Umbp__UnregisterClientResponse resp = UMBP__UNREGISTER_CLIENT_RESPONSE__INIT;
     reply(r, &resp.base);
@@ -907,6 +924,7 @@ static void h_report_metrics(struct master *m, const ProtobufCMessage *in, struc
 static void log_expired(const char *id, void *arg) {
     struct master *m = arg;
     log_warn(m->lg, "[Reaper] Expired client: %s", id);
+    met_forget(m, id);
 }
 
 size_t mrpc_reap(struct master *m, int64_t now_ms) {

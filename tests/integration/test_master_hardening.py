@@ -365,6 +365,39 @@ def test_expired_node_is_revived_by_a_heartbeat_within_the_retention():
         assert m.stop() == 0
 
 
+def test_departed_nodes_leave_the_metrics():
+    # A node's per-node series (capacities, heartbeats, reports...) stayed on /metrics after it
+    # unregistered or expired, and with node ids that change at every restart the families
+    # filled up (4096 series each) and newer nodes got none. They now go with the node.
+    m = Master(env=FAST_EXPIRY)
+    try:
+        s = stub(m)
+        caps = [pb.TierCapacity(tier=pb.TIER_DRAM, total_capacity_bytes=MIB,
+                                available_capacity_bytes=MIB)]
+        s.RegisterClient(pb.RegisterClientRequest(node_id="stay", tier_capacities=caps))
+        s.RegisterClient(pb.RegisterClientRequest(node_id="leaves", tier_capacities=caps))
+        start_silent_node(s, "nap")
+        s.Heartbeat(pb.HeartbeatRequest(node_id="nap", tier_capacities=caps))
+        s.ReportExternalKvBlocks(pb.ReportExternalKvBlocksRequest(
+            node_id="leaves", hashes=["x"], tier=pb.TIER_DRAM))
+        text = m.metrics()
+        for node in ("stay", "leaves", "nap"):
+            assert 'mori_umbp_client_capacity_total_bytes{node="%s",tier="DRAM"}' % node in text
+        assert 'mori_umbp_external_kv_report_total{node="leaves"' in text
+        s.UnregisterClient(pb.UnregisterClientRequest(node_id="leaves"))
+        text = m.metrics()
+        assert 'node="leaves"' not in text
+        wait_reaped(s, "nap")
+        text = m.metrics()
+        assert 'node="nap"' not in text
+        assert 'mori_umbp_client_capacity_total_bytes{node="stay",tier="DRAM"}' in text
+        # Back again: its series come back with it.
+        s.RegisterClient(pb.RegisterClientRequest(node_id="leaves", tier_capacities=caps))
+        assert 'mori_umbp_client_capacity_total_bytes{node="leaves",tier="DRAM"}' in m.metrics()
+    finally:
+        assert m.stop() == 0
+
+
 # ---- the metrics port: one thread, so one deadline per connection ----
 
 

@@ -135,6 +135,33 @@ static void test_metrics_exposition(void **state) {
     metrics_reset(m);
     assert_true(metric_value(metric_labels(c, a)) == 0.0);
     assert_int_equal(metric_hist_count(hs), 0);
+
+    /* Removal by label: the departed one's series go, the others stay in order. */
+    const char *const nt[] = {"node", "tier", NULL};
+    struct metric_family *cap = metrics_gauge(m, "x_cap_bytes", "Capacity.", nt);
+    const char *n1[] = {"n1", "DRAM"}, *n2[] = {"n2", "DRAM"}, *n1s[] = {"n1", "SSD"};
+    metrics_set(cap, n1, 1);
+    metrics_set(cap, n2, 2);
+    metrics_set(cap, n1s, 3);
+    assert_int_equal(metrics_remove_label(cap, 0, "n1"), 2);
+    assert_int_equal(metrics_remove_label(cap, 0, "n1"), 0);
+    assert_int_equal(metrics_remove_label(cap, 5, "n2"), 0); /* no such label */
+    sb = (struct strbuf)STRBUF_INIT;
+    assert_int_equal(metrics_render(m, &sb), 0);
+    assert_null(strstr(sb.buf, "node=\"n1\""));
+    assert_non_null(strstr(sb.buf, "x_cap_bytes{node=\"n2\",tier=\"DRAM\"} 2"));
+    sb_free(&sb);
+    metrics_set(cap, n1, 4); /* back: a new series */
+    metrics_add(cap, n2, 1);
+    sb = (struct strbuf)STRBUF_INIT;
+    assert_int_equal(metrics_render(m, &sb), 0);
+    assert_non_null(strstr(sb.buf, "x_cap_bytes{node=\"n1\",tier=\"DRAM\"} 4"));
+    assert_non_null(strstr(sb.buf, "x_cap_bytes{node=\"n2\",tier=\"DRAM\"} 3"));
+    sb_free(&sb);
+    assert_int_equal(metrics_remove_label(cap, 0, "n2"), 1);
+    assert_int_equal(metrics_remove_label(cap, 0, "n1"), 1);
+    metrics_set(cap, n2, 5); /* the family emptied, then used again */
+    assert_true(metric_value(metric_labels(cap, n2)) == 5.0);
     metrics_free(m);
 }
 
