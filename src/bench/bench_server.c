@@ -92,6 +92,8 @@ static const struct option_row {
     O("--malloc-default", OPT_FLAG_OFF, malloc_tuning,
       "keep glibc's default malloc in this process (by default it is set up as the server's: one "
       "arena, no mmap per large message)"),
+    O("--no-client-keep", OPT_FLAG_OFF, client_keep,
+      "the client keeps none of its large request buffers (lmc_client_set_keep_bytes 0)"),
     O("--lookup-samples", OPT_INT, lookup_samples,
       "throughput: lookups of a 4- and a 128-chunk prompt (small objects, model <model>-lat) "
       "timed after the other phases; 0 skips them"),
@@ -440,8 +442,10 @@ int bsrv_make_shape(const struct opts *o, uint64_t chunk, struct shape *sh) {
 
 lmc_status bsrv_connect(const struct opts *o, const lmc_client_options *co, lmc_client **c,
                         lmc_error *e) {
-    if (o->endpoint && *o->endpoint) return lmc_client_connect_endpoint(o->endpoint, co, c, e);
-    return lmc_client_connect(o->host, o->port, co, c, e);
+    lmc_status s = o->endpoint && *o->endpoint ? lmc_client_connect_endpoint(o->endpoint, co, c, e)
+                                               : lmc_client_connect(o->host, o->port, co, c, e);
+    if (s == LMC_OK && !o->client_keep) lmc_client_set_keep_bytes(*c, 0);
+    return s;
 }
 
 /* Minor page faults: of this process (getrusage), and of pid from /proc/pid/stat (field 10);
@@ -812,7 +816,8 @@ int bench_server_main(int argc, char **argv) {
                      .echo_shape = "echo",
                      .server_pid = 0,
                      .lookup_samples = 200,
-                     .malloc_tuning = 1};
+                     .malloc_tuning = 1,
+                     .client_keep = 1};
     struct opts defaults = o;
     defaults.http_host = "--host";
     int r = parse(argc, argv, &o);

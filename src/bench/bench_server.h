@@ -37,6 +37,7 @@ struct opts {
     int server_pid;            /* > 0: page faults of that process are printed per phase */
     int lookup_samples;        /* throughput: lookups per size in the lookup-latency phase */
     int malloc_tuning;         /* the server's malloc set-up in this process too */
+    int client_keep;           /* the client keeps its large request buffers (the default) */
 };
 
 struct shape {
