@@ -295,20 +295,14 @@ static int cut(struct connguard *g, int fd, uint64_t held, uint64_t heap, int re
     if (ratelimit_allow(&g->log_rl, clock_mono(), &dropped)) {
         char who[INET6_ADDRSTRLEN + 16];
         addr_str(&c->peer, c->peerlen, who, sizeof(who));
-        if (replies)
+        if (heap)
             log_warn(g->lg,
-                     "data connection from %s cut: %llu bytes of replies it has not read, the "
-                     "most of any connection, while malloc held %llu bytes, over --max-heap-mb "
-                     "(%llu) (%lu similar cuts not logged)",
-                     who, (unsigned long long)held, (unsigned long long)heap,
-                     (unsigned long long)g->heap_limit, dropped);
-        else if (heap)
-            log_warn(g->lg,
-                     "data connection from %s cut: %llu bytes received and not delivered, the "
-                     "most of any connection, while malloc held %llu bytes, over --max-heap-mb "
-                     "(%llu) (%lu similar cuts not logged)",
-                     who, (unsigned long long)held, (unsigned long long)heap,
-                     (unsigned long long)g->heap_limit, dropped);
+                     "data connection from %s cut: %llu bytes %s, the most of any connection, "
+                     "while malloc held %llu bytes, over --max-heap-mb (%llu) (%lu similar cuts "
+                     "not logged)",
+                     who, (unsigned long long)held,
+                     replies ? "of replies it has not read" : "received and not delivered",
+                     (unsigned long long)heap, (unsigned long long)g->heap_limit, dropped);
         else
             log_warn(g->lg,
                      "data connection from %s cut: %llu bytes received and not delivered, over "
