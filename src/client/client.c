@@ -325,20 +325,35 @@ static void free_cb(void *data, void *hint) {
     free(data);
 }
 
+/* Under zc_lock: takes kept buffer i out of the list. */
+static struct kept keep_remove(lmc_client *c, size_t i) {
+    struct kept k = c->keep[i];
+    c->kept_bytes -= k.cap;
+    c->keep[i] = c->keep[--c->nkeep];
+    return k;
+}
+
+/* Under zc_lock: the kept buffer with the largest (largest set) or smallest capacity. */
+static size_t keep_extreme(const lmc_client *c, bool largest) {
+    size_t x = 0;
+    for (size_t i = 1; i < c->nkeep; i++)
+        if (largest ? c->keep[i].cap > c->keep[x].cap : c->keep[i].cap < c->keep[x].cap) x = i;
+    return x;
+}
+
+/* Under zc_lock: a buffer of cap bytes may join the kept ones. */
+static bool keep_fits(const lmc_client *c, size_t cap) {
+    return c->nkeep < KEEP_MAX_BUFFERS && c->kept_bytes + cap <= c->keep_limit;
+}
+
 LMC_API void lmc_client_set_keep_bytes(lmc_client *c, size_t bytes) {
     if (!c) return;
     struct kept drop[KEEP_MAX_BUFFERS];
     size_t ndrop = 0;
     pthread_mutex_lock(&c->zc_lock);
     c->keep_limit = bytes;
-    while (c->nkeep && c->kept_bytes > bytes) { /* the largest go first */
-        size_t big = 0;
-        for (size_t i = 1; i < c->nkeep; i++)
-            if (c->keep[i].cap > c->keep[big].cap) big = i;
-        drop[ndrop++] = c->keep[big];
-        c->kept_bytes -= c->keep[big].cap;
-        c->keep[big] = c->keep[--c->nkeep];
-    }
+    while (c->nkeep && c->kept_bytes > bytes) /* the largest go first */
+        drop[ndrop++] = keep_remove(c, keep_extreme(c, true));
     pthread_mutex_unlock(&c->zc_lock);
     for (size_t i = 0; i < ndrop; i++) free(drop[i].p);
 }
@@ -360,10 +375,9 @@ static char *keep_take(lmc_client *c, size_t need, size_t *cap) {
         if (c->keep[i].cap >= need && (best == c->nkeep || c->keep[i].cap < c->keep[best].cap))
             best = i;
     if (best < c->nkeep) {
-        p = c->keep[best].p;
-        *cap = c->keep[best].cap;
-        c->kept_bytes -= *cap;
-        c->keep[best] = c->keep[--c->nkeep];
+        struct kept k = keep_remove(c, best);
+        p = k.p;
+        *cap = k.cap;
     }
     pthread_mutex_unlock(&c->zc_lock);
     return p;
@@ -379,19 +393,12 @@ static void keep_release(void *data, void *hint) {
     struct kept drop[KEEP_MAX_BUFFERS + 1];
     size_t ndrop = 0;
     pthread_mutex_lock(&c->zc_lock);
-    if (cap <= c->keep_limit) {
-        while (c->nkeep == KEEP_MAX_BUFFERS || c->kept_bytes + cap > c->keep_limit) {
-            size_t small = 0;
-            for (size_t i = 1; i < c->nkeep; i++)
-                if (c->keep[i].cap < c->keep[small].cap) small = i;
-            if (!c->nkeep || c->keep[small].cap > cap) break;
-            drop[ndrop++] = c->keep[small];
-            c->kept_bytes -= c->keep[small].cap;
-            c->keep[small] = c->keep[--c->nkeep];
-        }
+    while (cap <= c->keep_limit && c->nkeep && !keep_fits(c, cap)) {
+        size_t small = keep_extreme(c, false);
+        if (c->keep[small].cap > cap) break;
+        drop[ndrop++] = keep_remove(c, small);
     }
-    if (cap <= c->keep_limit && c->nkeep < KEEP_MAX_BUFFERS &&
-        c->kept_bytes + cap <= c->keep_limit) {
+    if (keep_fits(c, cap)) {
         c->keep[c->nkeep++] = (struct kept){data, cap};
         c->kept_bytes += cap;
     } else {

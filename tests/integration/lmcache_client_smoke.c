@@ -45,14 +45,22 @@ static void fill(unsigned char *p, size_t n, unsigned seed) {
     }
 }
 
-static int frames_reset(const char *host, int port, pid_t server) {
+/* A client of host:port with the given timeout, or NULL (FAIL printed). */
+static lmc_client *connect_to(const char *host, int port, int timeout_ms) {
     lmc_error e;
     lmc_client *c;
-    lmc_client_options o = {.timeout_ms = 1000};
+    lmc_client_options o = {.timeout_ms = timeout_ms};
     if (lmc_client_connect(host, port, &o, &c, &e) != LMC_OK) {
         printf("FAIL connect: %s\n", e.message);
-        return 1;
+        return NULL;
     }
+    return c;
+}
+
+static int frames_reset(const char *host, int port, pid_t server) {
+    lmc_error e;
+    lmc_client *c = connect_to(host, port, 1000);
+    if (!c) return 1;
     check("noop", lmc_noop(c, &e), &e);
     /* Larger than the socket buffers of both ends: libzmq still holds it at the timeout. */
     size_t big = 64u << 20;
@@ -112,6 +120,12 @@ static long minor_faults(void) {
 #define KEEP_CHUNKS 3
 #define KEEP_CHUNK  (16u << 20)
 
+/* The KEEP_CHUNKS 32-byte hashes at h as a chunk range. */
+static lmc_chunks keep_chunks(const unsigned char *h) {
+    return (lmc_chunks){
+        .chunk_hashes = h, .num_chunk_hashes = KEEP_CHUNKS, .hash_len = 32, .end = -1};
+}
+
 /* KEEP_STORES stores of KEEP_CHUNKS chunks under `keep` (0: none kept); the minor faults of
  * each store into faults[], then every chunk read back and compared. */
 static void keep_round(lmc_client *c, size_t keep, unsigned tag, unsigned char **src,
@@ -127,8 +141,7 @@ static void keep_round(lmc_client *c, size_t keep, unsigned tag, unsigned char *
             h[i][k][2] = (unsigned char)k;
             fill(src[k], KEEP_CHUNK, tag * 100 + (unsigned)(i * KEEP_CHUNKS + k));
         }
-        lmc_chunks ch = {
-            .chunk_hashes = h[i][0], .num_chunk_hashes = KEEP_CHUNKS, .hash_len = 32, .end = -1};
+        lmc_chunks ch = keep_chunks(h[i][0]);
         const void *bufs[KEEP_CHUNKS];
         size_t lens[KEEP_CHUNKS];
         for (int k = 0; k < KEEP_CHUNKS; k++) {
@@ -147,8 +160,7 @@ static void keep_round(lmc_client *c, size_t keep, unsigned tag, unsigned char *
     }
     int same = 1;
     for (int i = 0; i < KEEP_STORES; i++) {
-        lmc_chunks ch = {
-            .chunk_hashes = h[i][0], .num_chunk_hashes = KEEP_CHUNKS, .hash_len = 32, .end = -1};
+        lmc_chunks ch = keep_chunks(h[i][0]);
         lmc_reply *r = NULL;
         if (lmc_retrieve_bytes(c, "keep-model", 1, 0, &ch, NULL, &r, &e) != LMC_OK) {
             check("retrieve_bytes", LMC_ERR_TRANSPORT, &e);
@@ -169,13 +181,8 @@ static void keep_round(lmc_client *c, size_t keep, unsigned tag, unsigned char *
 }
 
 static int keep_buffers(const char *host, int port) {
-    lmc_error e;
-    lmc_client *c;
-    lmc_client_options o = {.timeout_ms = 60000};
-    if (lmc_client_connect(host, port, &o, &c, &e) != LMC_OK) {
-        printf("FAIL connect: %s\n", e.message);
-        return 1;
-    }
+    lmc_client *c = connect_to(host, port, 60000);
+    if (!c) return 1;
     unsigned char *src[KEEP_CHUNKS];
     for (int k = 0; k < KEEP_CHUNKS; k++)
         if (!(src[k] = malloc(KEEP_CHUNK))) return 1;
@@ -202,12 +209,8 @@ static int keep_buffers(const char *host, int port) {
 /* lmc_lookup_wait alone (for a stand-in server): prints the hit chunks. */
 static int lookup_wait_only(const char *host, int port) {
     lmc_error e;
-    lmc_client *c;
-    lmc_client_options o = {.timeout_ms = 10000};
-    if (lmc_client_connect(host, port, &o, &c, &e) != LMC_OK) {
-        printf("FAIL connect: %s\n", e.message);
-        return 1;
-    }
+    lmc_client *c = connect_to(host, port, 10000);
+    if (!c) return 1;
     uint8_t h[3][32];
     memset(h, 7, sizeof(h));
     lmc_chunks ch = {.chunk_hashes = h[0], .num_chunk_hashes = 3, .hash_len = 32, .end = -1};

@@ -81,8 +81,9 @@ struct dp_out {
     uint32_t nframes;
     struct worker *w; /* charged with cost until the reply is handed to libzmq */
     size_t cost;
-    struct dp_client *cl; /* charged with unread until libzmq frees the body (a reference) */
-    size_t unread;
+    /* The client's charge for the whole reply, frames included, until libzmq frees the body:
+     * the frames follow it on the same connection (off by at most one reply's frames). */
+    struct dpc_hold *hold;
     struct dp_out *next;
 };
 
@@ -214,10 +215,11 @@ static void queue_reply(struct dataplane *dp, struct dp_req *req, char *body, si
     zmq_msg_move(&o->rid, &req->rid);
     zmq_msg_move(&o->op, &req->op);
     o->sock = req->sock;
-    o->cl = req->cl; /* the request's reference */
-    o->unread = len;
-    for (uint32_t i = 0; i < nfr; i++) o->unread += fr[i].len;
-    dpc_charge(o->cl, o->unread);
+    if (req->cl) { /* the request's reference goes to the hold */
+        size_t unread = len;
+        for (uint32_t i = 0; i < nfr; i++) unread += fr[i].len;
+        o->hold = dpc_hold_new(dp->clients, req->cl, unread);
+    }
     zmq_msg_close(&req->id);
     zmq_msg_close(&req->rid);
     zmq_msg_close(&req->op);
@@ -617,8 +619,7 @@ static void receive_one(struct dataplane *dp, void *sock) {
     }
     if (nframes >= 2) {
         int fd = sock == dp->sock ? zmq_msg_get(&req->rid, ZMQ_SRCFD) : -1;
-        req->cl = dpc_get(dp->clients, sock, zmq_msg_data(&req->id), zmq_msg_size(&req->id),
-                          fd < 0 ? -1 : fd);
+        req->cl = dpc_get(dp->clients, sock, zmq_msg_data(&req->id), zmq_msg_size(&req->id), fd);
     }
     if (nframes < 4) {
         char why[96];
@@ -714,10 +715,8 @@ static void send_replies(struct dataplane *dp) {
     pthread_mutex_unlock(&dp->out_lock);
     while (o) {
         struct dp_out *next = o->next;
-        /* The body carries the client's charge for the whole reply, frames included: they
-         * follow it on the same connection (an estimate off by at most one reply's frames). */
-        struct dpc_hold *hold = o->cl ? dpc_hold_new(dp->clients, o->cl, o->unread) : NULL;
-        send_reply(o->sock, &o->id, &o->rid, &o->op, o->body, o->len, o->frames, o->nframes, hold);
+        send_reply(o->sock, &o->id, &o->rid, &o->op, o->body, o->len, o->frames, o->nframes,
+                   o->hold);
         if (o->w) atomic_fetch_sub(&o->w->charged, o->cost);
         free(o);
         o = next;
@@ -748,7 +747,6 @@ static int run_small(struct dataplane *dp, struct dp_req *req) {
     if (dp->e->dpm.loop_requests) metric_inc(dp->e->dpm.loop_requests, 1);
     send_replies(dp); /* the client's earlier replies first */
     close_payload(req);
-    dpc_charge(req->cl, len);
     struct dpc_hold *hold = req->cl ? dpc_hold_new(dp->clients, req->cl, len) : NULL;
     send_reply(req->sock, &req->id, &req->rid, &req->op, body, len, NULL, 0, hold);
     free(req);
@@ -1038,7 +1036,7 @@ void dataplane_stop(struct dataplane *dp) {
         zmq_msg_close(&o->op);
         free(o->body);
         dp_frames_release(o->frames, o->nframes);
-        if (o->cl) dpc_release(dpc_hold_new(dp->clients, o->cl, o->unread));
+        dpc_release(o->hold);
         free(o);
         o = n;
     }

@@ -108,18 +108,14 @@ size_t dpc_unsent(const struct dp_client *c) {
     return c ? atomic_load_explicit(&c->unsent, memory_order_relaxed) : 0;
 }
 
-void dpc_charge(struct dp_client *c, size_t n) {
-    if (c) atomic_fetch_add_explicit(&c->unsent, n, memory_order_relaxed);
-}
-
 struct dpc_hold *dpc_hold_new(struct dp_clients *t, struct dp_client *c, size_t n) {
     struct dpc_hold *h = malloc(sizeof(*h));
     if (!h) {
-        atomic_fetch_sub_explicit(&c->unsent, n, memory_order_relaxed);
         dpc_put(t, c);
         return NULL;
     }
     *h = (struct dpc_hold){t, c, n};
+    atomic_fetch_add_explicit(&c->unsent, n, memory_order_relaxed);
     return h;
 }
 

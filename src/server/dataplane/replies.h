@@ -8,7 +8,7 @@
  * worker refuses the requests of a client over --max-unread-reply-mb, and the heap bound
  * (connguard.c) counts unsent replies when it chooses the connection to cut.
  *
- * Thread use: dpc_get on dp-loop; dpc_unsent and dpc_charge on any thread; dpc_release on
+ * Thread use: dpc_get on dp-loop; dpc_unsent and dpc_hold_new on any thread; dpc_release on
  * libzmq's I/O thread (the free callback of a reply) or any other; one mutex guards the table. */
 #ifndef LMCACHE_DATAPLANE_REPLIES_H
 #define LMCACHE_DATAPLANE_REPLIES_H
@@ -26,17 +26,15 @@ struct dp_clients *dpc_new(void);
 void dpc_free(struct dp_clients *t);
 
 /* The client (sock, id), created when new, with one more reference (the caller's request). fd:
- * the tcp connection it came from (ZMQ_SRCFD), -1 when unknown. NULL when out of memory. */
+ * the tcp connection it came from (ZMQ_SRCFD), negative when unknown. NULL when out of memory. */
 struct dp_client *dpc_get(struct dp_clients *t, const void *sock, const void *id, size_t idlen,
                           int fd);
 /* Drops one reference; the record goes with the last one. */
 void dpc_put(struct dp_clients *t, struct dp_client *c);
 /* Bytes of the client's replies built and not yet freed by libzmq. */
 size_t dpc_unsent(const struct dp_client *c);
-/* Adds n to them (a reply was queued). */
-void dpc_charge(struct dp_client *c, size_t n);
-/* The charge of a reply of n bytes, owning one reference: dpc_release ends both. NULL when out
- * of memory (the charge and the reference are then already dropped). */
+/* Charges the client a reply of n bytes; the hold owns one reference (the request's), and
+ * dpc_release ends both. NULL when out of memory (nothing charged, the reference dropped). */
 struct dpc_hold *dpc_hold_new(struct dp_clients *t, struct dp_client *c, size_t n);
 void dpc_release(struct dpc_hold *h);
 

@@ -40,7 +40,6 @@ struct pf_req {
     int phase;
     bool published; /* under r_mu */
     size_t n;
-    size_t held_keys; /* counted in the controller's pf_keys until published */
     struct keys_object_key *keys;
     struct l1_key *l1keys;
     enum l2ctl_trim trim;

@@ -74,8 +74,7 @@ int l2ctl_prefetch_submit(struct l2ctl *c, const struct keys_object_key *keys,
         ADD(p_refused, 1);
         return L2_ERR_BUSY;
     }
-    c->pf_keys += m;
-    r->held_keys = m;
+    c->pf_keys += m; /* until published */
     /* r belongs to the controller thread once it is queued (a callback request is freed as soon
      * as it finishes), so the id is read here, under the lock */
     uint64_t rid = r->id = ++c->next_id;
@@ -101,8 +100,7 @@ int l2ctl_prefetch_submit(struct l2ctl *c, const struct keys_object_key *keys,
 void ctl_pf_publish(struct l2ctl *c, struct pf_req *r) {
     r->phase = PF_DONE;
     pthread_mutex_lock(&c->q_mu);
-    c->pf_keys -= r->held_keys;
-    r->held_keys = 0;
+    c->pf_keys -= r->n ? r->n : 1; /* what submit counted */
     pthread_mutex_unlock(&c->q_mu);
     ADD(p_done, 1);
     if (r->cb) {

@@ -819,6 +819,12 @@ static int cand_cmp(const void *x, const void *y) {
     return strcmp(((const struct cand *)x)->name, ((const struct cand *)y)->name);
 }
 
+static void cand_swap(struct cand *h, size_t a, size_t b) {
+    struct cand t = h[a];
+    h[a] = h[b];
+    h[b] = t;
+}
+
 /* h[0..n) is a max-heap by name with h[i] perhaps out of place below its children: moves it down.
  */
 static void cand_sift_down(struct cand *h, size_t n, size_t i) {
@@ -827,9 +833,7 @@ static void cand_sift_down(struct cand *h, size_t n, size_t i) {
         if (l < n && strcmp(h[l].name, h[m].name) > 0) m = l;
         if (r < n && strcmp(h[r].name, h[m].name) > 0) m = r;
         if (m == i) return;
-        struct cand t = h[i];
-        h[i] = h[m];
-        h[m] = t;
+        cand_swap(h, i, m);
         i = m;
     }
 }
@@ -837,12 +841,8 @@ static void cand_sift_down(struct cand *h, size_t n, size_t i) {
 static void cand_push(struct cand *h, size_t *n, struct cand c) {
     size_t i = (*n)++;
     h[i] = c;
-    while (i > 0 && strcmp(h[(i - 1) / 2].name, h[i].name) < 0) {
-        struct cand t = h[i];
-        h[i] = h[(i - 1) / 2];
-        h[(i - 1) / 2] = t;
-        i = (i - 1) / 2;
-    }
+    for (; i > 0 && strcmp(h[(i - 1) / 2].name, h[i].name) < 0; i = (i - 1) / 2)
+        cand_swap(h, i, (i - 1) / 2);
 }
 
 /* Listing in name order; the token is the hex of the last name returned. */
